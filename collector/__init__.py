@@ -1,0 +1,1 @@
+"""Collecting loop: turns judged turns into staleness-bounded, token-packed training batches."""

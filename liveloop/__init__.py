@@ -1,0 +1,7 @@
+"""LiveLoop: shared code for the four loops (contracts, config, bus, registry, models) and the CLI.
+
+Nothing in this package imports a loop package (`server`, `prm`, `collector`, `trainer`)
+except `liveloop.cli`, which composes them.
+"""
+
+__version__ = "0.1.0"

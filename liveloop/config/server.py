@@ -1,0 +1,43 @@
+"""Settings of the serving loop (`liveloop serve`)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from liveloop.config.base import Section
+
+
+class ServerConfig(Section):
+    """HTTP server, engine and trace capture settings."""
+
+    engine: Literal["torch", "sglang"] = Field(
+        "torch", description="Generation engine: embedded torch engine or SGLang gateway."
+    )
+    device: str = Field("cpu", description="Torch device for the embedded engine ('cpu', 'cuda').")
+    max_batch_size: int = Field(
+        16, ge=1, le=1024, description="Most sequences decoded together by the torch engine."
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, description="Context window in tokens; default: the model's, capped at 2048."
+    )
+    default_max_tokens: int = Field(
+        256, ge=1, description="Completion tokens when a request names no max_tokens."
+    )
+    max_tokens_limit: int = Field(
+        4096, ge=1, description="Largest max_tokens a request may ask for."
+    )
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Request body size limit; larger bodies get 413."
+    )
+    trace_capture: bool = Field(
+        True, description="Record turns to liveloop:turns (admins can pause/resume at run time)."
+    )
+    follow_weights: bool = Field(
+        True, description="Follow liveloop:weights and hot-swap each new checkpoint."
+    )
+    sglang_urls: list[str] = Field(
+        default_factory=list, description="Base URLs of SGLang servers (engine = 'sglang')."
+    )
+    session_ttl_s: int = Field(
+        7 * 24 * 3600, ge=60, description="How long session state stays in Redis after its last turn."
+    )

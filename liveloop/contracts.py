@@ -1,0 +1,134 @@
+"""Versioned stream contracts: what each loop writes and the next one reads.
+
+Every stream entry has a field `data` holding one JSON object (one of the models below),
+readable with a plain XRANGE. Bump SCHEMA_VERSION on an incompatible change.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+TurnType = Literal["main", "side"]
+
+
+class Contract(BaseModel):
+    """Base of every stream payload; unknown fields are kept so newer writers don't break readers."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+
+
+class TurnTimings(BaseModel):
+    """Latencies of one turn, in seconds."""
+
+    queued_s: float = 0.0
+    time_to_first_token_s: float = 0.0
+    total_s: float = 0.0
+
+
+class TurnRecord(Contract):
+    """One assistant turn as served, token-exact. Written by the server to `liveloop:turns`."""
+
+    session_id: str
+    turn_index: int = Field(ge=0, description="0 for a session's first assistant turn.")
+    turn_type: TurnType = "main"
+    tenant: str
+    request_id: str
+    sample_index: int = Field(0, ge=0, description="Which of the request's n samples this is.")
+    messages: list[dict[str, Any]] = Field(description="The request's messages.")
+    tools: list[dict[str, Any]] | None = None
+    response: dict[str, Any] = Field(
+        default_factory=dict, description="The assistant message returned (content, tool_calls)."
+    )
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float] = Field(description="Behaviour log-prob of each completion token.")
+    versions: list[int] = Field(description="Policy version that produced each completion token.")
+    finish_reason: str
+    model: str
+    prompt_mode: Literal["fresh", "extended"] = Field(
+        "fresh",
+        description="'extended': prompt = previous prompt + completion + new message ids.",
+    )
+    created_at: float = Field(default_factory=time.time)
+    timings: TurnTimings = Field(default_factory=TurnTimings)
+
+    @property
+    def key(self) -> str:
+        """Idempotency key: a turn (and sample) is identified by session, index and sample."""
+        return f"{self.session_id}:{self.turn_index}:{self.sample_index}"
+
+    @property
+    def group_key(self) -> str:
+        """Samples answering the same prompt share this key (for group-normalised advantages)."""
+        return f"{self.session_id}:{self.turn_index}"
+
+    @property
+    def min_version(self) -> int:
+        """The oldest policy version that produced a token of this turn."""
+        return min(self.versions) if self.versions else 0
+
+
+NextStateKind = Literal["next_turn", "feedback", "timeout"]
+
+
+class ScoredTurn(TurnRecord):
+    """A judged turn, written by the judging loop to `liveloop:scored`: the turn plus its score."""
+
+    score: float = Field(ge=-1.0, le=1.0)
+    judge: str
+    signal: NextStateKind = "next_turn"
+    step_scores: list[float] | None = None
+    hint: str | None = None
+    votes: list[float] | None = None
+    judged_at: float = Field(default_factory=time.time)
+
+
+class Feedback(Contract):
+    """Explicit feedback on a turn, written by `POST /v1/feedback` to `liveloop:feedback`."""
+
+    session_id: str
+    turn_index: int = Field(ge=0)
+    score: float = Field(ge=-1.0, le=1.0)
+    comment: str | None = None
+    tenant: str
+    created_at: float = Field(default_factory=time.time)
+
+
+class BatchSample(BaseModel):
+    """One training sample: token-exact ids, behaviour log-probs and its advantage."""
+
+    key: str
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    advantage: float
+    score: float
+
+
+class TrainingBatch(Contract):
+    """A packed batch in `liveloop:batches`; `samples` inline, or in the file at `path`."""
+
+    batch_id: str
+    created_at: float = Field(default_factory=time.time)
+    trainer_version: int = Field(description="Policy version the collector bounded staleness against.")
+    num_tokens: int
+    samples: list[BatchSample] | None = None
+    path: str | None = None
+
+
+class WeightsAnnouncement(Contract):
+    """A new policy version, announced by the trainer on `liveloop:weights`."""
+
+    version: int = Field(ge=0)
+    path: str = Field(description="Directory of a safetensors checkpoint from_pretrained can load.")
+    parent: int | None = None
+    created_at: float = Field(default_factory=time.time)
+    metrics: dict[str, float] = Field(default_factory=dict)

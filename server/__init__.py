@@ -1,0 +1,1 @@
+"""Serving loop: the OpenAI-compatible HTTP server, its engines, and trace capture."""

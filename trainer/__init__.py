@@ -1,0 +1,1 @@
+"""Training loop: asynchronous PPO with the decoupled objective, checkpoint publishing."""
