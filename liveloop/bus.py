@@ -8,7 +8,6 @@ counts failed attempts and dead-letters an entry after too many.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -185,7 +184,7 @@ class StreamConsumer:
         return await self._read_from(">", block_ms=block_ms)
 
     async def _read_from(self, start: str, block_ms: int | None) -> list[Entry]:
-        reply = await self.client.xreadgroup(
+        reply: Any = await self.client.xreadgroup(
             self.group, self.consumer, {self.stream: start}, count=self.count, block=block_ms
         )
         entries: list[Entry] = []

@@ -118,7 +118,9 @@ class TrainingBatch(Contract):
 
     batch_id: str
     created_at: float = Field(default_factory=time.time)
-    trainer_version: int = Field(description="Policy version the collector bounded staleness against.")
+    trainer_version: int = Field(
+        description="Policy version the collector bounded staleness against."
+    )
     num_tokens: int
     samples: list[BatchSample] | None = None
     path: str | None = None

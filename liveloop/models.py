@@ -139,7 +139,7 @@ def _convert_gguf(gguf: Path, out: Path, with_weights: bool = True) -> None:
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot read GGUF file {gguf}: {exc}") from None
     # transformers refuses to save a model loaded from GGUF while its quantizer is attached.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     # save_pretrained handles the tied input/output embeddings (shared tensors) itself.
@@ -188,7 +188,7 @@ def _build_tiny_random(out: Path) -> None:
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(TINY_RANDOM_SEED)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config).float()
     model.save_pretrained(str(out))
     GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id
@@ -221,7 +221,11 @@ def _download_hub(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]))
+        return Path(
+            snapshot_download(
+                repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]
+            )
+        )
     except Exception as exc:  # the hub client raises many types; all mean "not available"
         raise ModelLoadError(f"cannot fetch {repo_id!r} from the hub: {exc}") from None
 
@@ -237,6 +241,6 @@ def load_model(spec: str, device: str = "cpu", dtype: torch.dtype | None = None)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from None
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     return LoadedModel(name=spec, path=path, model=model, tokenizer=tokenizer)

@@ -74,6 +74,9 @@ class LiveLoopSettings(BaseSettings):
         "", description="Comma-separated API keys accepted as Bearer tokens; empty = open."
     )
     admin_key: str | None = Field(None, description="Key for /admin/* routes; unset = admin off.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of /metrics for judge/collect/train; unset = none."
+    )
     log_level: str = Field("INFO", description="Python logging level.")
     seed: int = Field(0, description="Global seed (model init for tiny-random, sampling defaults).")
     server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]

@@ -27,13 +27,17 @@ class JudgeConfig(Section):
         description="Judge name -> weight; names come from the 'liveloop.judges' entry points.",
     )
     next_state_timeout_s: float = Field(
-        30.0, gt=0, description="Seconds to wait for a turn's next state before judging without one."
+        30.0,
+        gt=0,
+        description="Seconds to wait for a turn's next state before judging without one.",
     )
     max_attempts: int = Field(
         5, ge=1, description="Failed attempts before an entry goes to the dead-letter stream."
     )
     claim_idle_ms: int = Field(
-        30_000, ge=100, description="Pending entries idle this long are reclaimed from dead consumers."
+        30_000,
+        ge=100,
+        description="Pending entries idle this long are reclaimed from dead consumers.",
     )
     read_count: int = Field(256, ge=1, description="Entries read per XREADGROUP call.")
     consumer_name: str | None = Field(

@@ -39,5 +39,7 @@ class ServerConfig(Section):
         default_factory=list, description="Base URLs of SGLang servers (engine = 'sglang')."
     )
     session_ttl_s: int = Field(
-        7 * 24 * 3600, ge=60, description="How long session state stays in Redis after its last turn."
+        7 * 24 * 3600,
+        ge=60,
+        description="How long session state stays in Redis after its last turn.",
     )

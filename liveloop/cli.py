@@ -1,0 +1,196 @@
+"""The `liveloop` command: one loop per sub-command, or all of them with `up` / `demo`.
+
+This is the only module of `liveloop` that imports the loop packages, and it does so
+lazily, so `liveloop judge` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from liveloop.config import ConfigError, LiveLoopSettings, load_settings
+from liveloop.logs import setup_logging
+
+COMMON_FLAGS: tuple[tuple[str, str, type], ...] = (
+    ("--model", "model spec: HF dir, hub id, .gguf file, smollm2-135m or tiny-random", str),
+    ("--host", "address the HTTP server binds to", str),
+    ("--port", "port of the HTTP server", int),
+    ("--redis-url", "Redis/Valkey URL (unset for `up`: start the embedded Valkey)", str),
+    ("--db-url", "SQLAlchemy URL of the registry (default: SQLite in the data dir)", str),
+    ("--data-dir", "data directory (default ./.liveloop)", Path),
+    ("--metrics-port", "port of this loop's /metrics (judge, collect, train)", int),
+    ("--log-level", "logging level", str),
+)
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 1."""
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML config file")
+    for flag, help_text, kind in COMMON_FLAGS:
+        parser.add_argument(flag, type=kind, help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(prog="liveloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    helps = {
+        "up": "all four loops plus embedded defaults",
+        "serve": "the serving loop (HTTP server)",
+        "judge": "the judging loop (PRM)",
+        "collect": "the collecting loop",
+        "train": "the training loop",
+        "demo": "`up` plus simulated users, ending with a report",
+        "eval": "simulated users against one policy version, not recorded",
+        "redis": "run the embedded Valkey in the foreground",
+    }
+    cmds = {name: sub.add_parser(name, help=text, description=text) for name, text in helps.items()}
+    for p in cmds.values():
+        _common(p)
+    for name in ("up", "demo"):
+        cmds[name].add_argument("--quiet", action="store_true", help="no live terminal view")
+    for name in ("demo", "eval"):
+        cmds[name].add_argument("--minutes", type=float, help="bound on the run's length")
+        cmds[name].add_argument("--users", type=int, help="concurrent simulated users")
+    cmds["eval"].add_argument("--version", type=int, help="policy version to evaluate")
+    judge = cmds["judge"]
+    judge.add_argument("--replay", action="store_true", help="re-score historical turns")
+    judge.add_argument("--judge", action="append", help="judge name for --replay (repeatable)")
+    judge.add_argument("--from", dest="from_id", default="-", help="first stream id to replay")
+    judge.add_argument("--to-stream", help="stream to write replayed scores to")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
+    """Settings from TOML, environment and the flags that were given."""
+    overrides: dict[str, Any] = {}
+    for flag, _help, _kind in COMMON_FLAGS:
+        key = flag.lstrip("-").replace("-", "_")
+        overrides[key] = getattr(args, key, None)
+    demo: dict[str, Any] = {}
+    for key in ("minutes", "users"):
+        if getattr(args, key, None) is not None:
+            demo[key] = getattr(args, key)
+    if demo:
+        overrides["demo"] = demo
+    return load_settings(args.config, **overrides)
+
+
+def _run_serve(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    from server.main import run
+
+    run(settings)
+
+
+def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    from prm.main import ReplayOptions, run
+
+    replay = None
+    if args.replay:
+        if not args.judge or not args.to_stream:
+            raise CliError("--replay needs --judge NAME and --to-stream NAME")
+        replay = ReplayOptions(judges=args.judge, from_id=args.from_id, to_stream=args.to_stream)
+    run(settings, replay=replay)
+
+
+def _run_collect(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    from collector.main import run
+
+    run(settings)
+
+
+def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    from trainer.main import run
+
+    run(settings)
+
+
+def _run_up(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    from liveloop.supervisor import run_up
+
+    run_up(settings, config_file=args.config, quiet=args.quiet)
+
+
+def _run_demo(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    from liveloop.demo.run import run_demo
+
+    run_demo(settings, config_file=args.config, quiet=args.quiet)
+
+
+def _run_eval(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    from liveloop.demo.run import run_eval
+
+    run_eval(settings, version=args.version)
+
+
+def _run_redis(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    import signal
+    import threading
+
+    from liveloop.valkey import EmbeddedValkey
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EmbeddedValkey(settings.data_dir) as server:
+        print(f"embedded Valkey at {server.url} (data in {server.data_dir}); Ctrl-C stops it")
+        try:
+            while not stop.wait(0.5):
+                if server.process is None or server.process.poll() is not None:
+                    raise CliError("embedded Valkey exited unexpectedly")
+        except KeyboardInterrupt:
+            pass
+
+
+COMMANDS: dict[str, Callable[[LiveLoopSettings, argparse.Namespace], None]] = {
+    "up": _run_up,
+    "serve": _run_serve,
+    "judge": _run_judge,
+    "collect": _run_collect,
+    "train": _run_train,
+    "demo": _run_demo,
+    "eval": _run_eval,
+    "redis": _run_redis,
+}
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that are the user's environment, not a bug: printed as one line."""
+    from liveloop.bus import BusUnavailable
+    from liveloop.models import ModelLoadError
+    from liveloop.valkey import ValkeyError
+
+    errors: list[type[BaseException]] = [CliError, ConfigError, BusUnavailable]
+    errors += [ModelLoadError, ValkeyError, OSError]
+    try:
+        from liveloop.registry import RegistryError
+
+        errors.append(RegistryError)
+    except ImportError:  # pragma: no cover - registry always ships
+        pass
+    return tuple(errors)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `liveloop` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+        setup_logging(settings.log_level, args.command)
+        COMMANDS[args.command](settings, args)
+    except KeyboardInterrupt:
+        return 130
+    except _user_errors() as exc:
+        print(f"liveloop {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Shared fixtures: a real embedded Valkey server on a free port, and isolated data dirs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from liveloop.valkey import EmbeddedValkey
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedValkey]:
+    """One real Valkey server for the whole test session."""
+    server = EmbeddedValkey(tmp_path_factory.mktemp("valkey"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(valkey_server: EmbeddedValkey) -> Iterator[str]:
+    """URL of a freshly emptied database on the shared Valkey server."""
+    client = redis.Redis.from_url(valkey_server.url)
+    client.flushdb()
+    client.close()
+    yield valkey_server.url
+
+
+@pytest.fixture
+async def aredis_client(redis_url: str) -> AsyncIterator[aredis.Redis]:
+    """An async client (decoded responses) on the emptied database."""
+    client = aredis.from_url(redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """An empty LiveLoop data dir."""
+    path = tmp_path / "liveloop-data"
+    path.mkdir()
+    return path
