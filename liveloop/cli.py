@@ -163,11 +163,12 @@ COMMANDS: dict[str, Callable[[LiveLoopSettings, argparse.Namespace], None]] = {
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that are the user's environment, not a bug: printed as one line."""
     from liveloop.bus import BusUnavailable
+    from liveloop.demo.run import DemoError
     from liveloop.models import ModelLoadError
     from liveloop.valkey import ValkeyError
 
     errors: list[type[BaseException]] = [CliError, ConfigError, BusUnavailable]
-    errors += [ModelLoadError, ValkeyError, OSError]
+    errors += [ModelLoadError, ValkeyError, DemoError, OSError]
     try:
         from liveloop.registry import RegistryError
 

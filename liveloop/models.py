@@ -86,6 +86,7 @@ def _build_once(name: str, build: Any) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
             build(tmp)
+            tmp.chmod(0o755)
             if target.exists():
                 shutil.rmtree(target)
             tmp.rename(target)
@@ -239,7 +240,7 @@ def load_model(spec: str, device: str = "cpu", dtype: torch.dtype | None = None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
-    except (OSError, ValueError, RuntimeError) as exc:
+    except Exception as exc:  # safetensors, tokenizers and transformers raise many types
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from None
     model.to(device)  # type: ignore[arg-type]
     model.eval()

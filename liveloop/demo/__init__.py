@@ -1,0 +1,1 @@
+"""`liveloop demo` and `liveloop eval`: simulated users, held-out evaluation, the report."""

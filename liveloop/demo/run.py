@@ -1,0 +1,252 @@
+"""`liveloop demo` and `liveloop eval`.
+
+The demo starts the four loops on embedded defaults in a fresh run directory, lets a
+population of simulated users talk to the server for `--minutes`, then freezes training,
+evaluates version 0 and the final version on the same held-out users (not recorded), and
+writes the report. `eval` does the held-out evaluation for one version on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from liveloop.config import LiveLoopSettings
+from liveloop.demo.report import read_judged, summarise, write_report
+from liveloop.demo.users import UserRun, UserStats, make_population, run_population
+from liveloop.supervisor import Supervisor
+from liveloop.valkey import free_port
+
+log = logging.getLogger(__name__)
+
+# Per-model defaults the demo passes to its loops (the user's env or TOML still win).
+DEMO_PROFILES: dict[str, dict[str, str]] = {
+    "tiny-random": {"LIVELOOP_TRAINER__LR": "3e-3", "max_tokens": "24"},
+    "smollm2-135m": {"LIVELOOP_TRAINER__LR": "2e-5", "max_tokens": "48"},
+}
+COMMON_ENV = {
+    "LIVELOOP_PRM__NEXT_STATE_TIMEOUT_S": "10",
+    "LIVELOOP_COLLECTOR__MIN_TURNS": "16",
+    "LIVELOOP_COLLECTOR__MAX_WAIT_S": "10",
+}
+EVAL_USERS = 6
+EVAL_TURNS_PER_USER = 4
+
+
+class DemoError(RuntimeError):
+    """The demo could not run (server never became ready, ...)."""
+
+
+def _profile(model: str) -> dict[str, str]:
+    return DEMO_PROFILES.get(model, DEMO_PROFILES["smollm2-135m"])
+
+
+def _child_env(settings: LiveLoopSettings, admin_key: str) -> dict[str, str]:
+    env = {k: v for k, v in _profile(settings.model).items() if k.startswith("LIVELOOP_")}
+    env.update(COMMON_ENV)
+    env = {k: v for k, v in env.items() if k not in os.environ}
+    env["LIVELOOP_ADMIN_KEY"] = admin_key
+    return env
+
+
+def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float = 300.0) -> None:
+    """Block until the server answers /readyz, or fail if it keeps crashing."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base_url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        supervisor.check()
+        time.sleep(0.5)
+    raise DemoError(f"server at {base_url} not ready after {timeout_s:.0f}s; see logs")
+
+
+def load_version(base_url: str, admin_key: str, path: str, version: int) -> None:
+    """Make the server serve the checkpoint at `path` as `version`."""
+    resp = httpx.post(
+        base_url + "/admin/weights",
+        json={"path": path, "version": version},
+        headers={"Authorization": f"Bearer {admin_key}"},
+        timeout=300,
+    )
+    if resp.status_code != 200:
+        raise DemoError(f"loading version {version} failed: {resp.status_code} {resp.text[:200]}")
+
+
+def held_out_reward(stats: UserStats) -> dict[str, Any]:
+    """Mean reward of held-out users: +1 for a satisfied reaction, -1 otherwise."""
+    scores = [1.0 if t.satisfied else -1.0 for t in stats.turns]
+    words = [float(t.words) for t in stats.turns]
+    return {
+        "turns": len(scores),
+        "mean_reward": sum(scores) / len(scores) if scores else None,
+        "mean_words": sum(words) / len(words) if words else None,
+    }
+
+
+def evaluate(base_url: str, model: str, max_tokens: int, seed: int) -> dict[str, Any]:
+    """Held-out simulated users (a different seed) against whatever the server serves now."""
+    run = UserRun(base_url=base_url, model=model, max_tokens=max_tokens, record=False)
+    people = make_population(EVAL_USERS, seed + 10_000)
+    stats = asyncio.run(
+        run_population(
+            run, people, seconds=600, seed=seed + 10_000, max_turns_per_user=EVAL_TURNS_PER_USER
+        )
+    )
+    return held_out_reward(stats)
+
+
+def _latest_checkpoint(redis_url: str) -> tuple[int, str] | None:
+    import redis
+
+    client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        entries = client.xrevrange("liveloop:weights", count=1)
+    finally:
+        client.close()
+    if not entries:
+        return None
+    data = json.loads(entries[0][1]["data"])
+    return int(data["version"]), str(data["path"])
+
+
+def run_demo(
+    settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
+) -> None:
+    """The whole demo; prints where the report landed."""
+    from liveloop.models import resolve_model_dir
+    from liveloop.status import LiveView
+
+    out_dir = settings.data_dir / "demo"
+    run_dir = out_dir / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    child = settings.model_copy(update={"data_dir": run_dir, "db_url": None})
+    base_model_dir = str(resolve_model_dir(settings.model))  # fetch/convert once, up front
+    admin_key = secrets.token_urlsafe(16)
+    supervisor = Supervisor(
+        child, config_file=config_file, extra_env=_child_env(settings, admin_key)
+    )
+    max_tokens = int(_profile(settings.model)["max_tokens"])
+    seconds = settings.demo.minutes * 60
+    supervisor.start()
+    try:
+        wait_ready(supervisor.base_url, supervisor)
+        started = time.monotonic()
+        run = UserRun(base_url=supervisor.base_url, model=settings.model, max_tokens=max_tokens)
+        people = make_population(settings.demo.users, settings.demo.seed)
+        with LiveView(supervisor, quiet=quiet, title="LiveLoop demo") as view:
+            stats = _drive(run, people, seconds, settings.demo.seed, supervisor, view)
+        log.info(
+            "population done after %.0fs: %d answers", time.monotonic() - started, len(stats.turns)
+        )
+        time.sleep(3.0)  # let the judge score the last replies
+        turns = read_judged(supervisor.redis_url)
+        summary = summarise(turns, settings.demo.window_turns)
+        summary.update(
+            model=settings.model, minutes=settings.demo.minutes, user_errors=stats.errors
+        )
+        if summary["reward_first_window"] is not None and summary["reward_last_window"] is not None:
+            summary["improvement"] = summary["reward_last_window"] - summary["reward_first_window"]
+        summary["eval"] = _compare_versions(
+            supervisor, admin_key, base_model_dir, settings, max_tokens
+        )
+        paths = write_report(out_dir, summary, turns)
+    finally:
+        supervisor.stop()
+    print(f"demo report: {paths['md']}\n             {paths['json']}\n             {paths['png']}")
+    print(
+        f"reward: first window {summary['reward_first_window']}, last window {summary['reward_last_window']}"
+    )
+
+
+def _drive(
+    run: UserRun, people: list[Any], seconds: float, seed: int, supervisor: Supervisor, view: Any
+) -> UserStats:
+    """Run the population while keeping the loops up and the live view fresh."""
+
+    async def main() -> UserStats:
+        task = asyncio.create_task(run_population(run, people, seconds=seconds, seed=seed))
+        t0 = time.monotonic()
+        while not task.done():
+            for event in supervisor.check():
+                view.event(event)
+            view.extra["demo"] = (
+                f"{time.monotonic() - t0:.0f}s of {seconds:.0f}s, {len(people)} users"
+            )
+            view.refresh()
+            await asyncio.sleep(1.0)
+        return task.result()
+
+    return asyncio.run(main())
+
+
+def _compare_versions(
+    supervisor: Supervisor,
+    admin_key: str,
+    base_dir: str,
+    settings: LiveLoopSettings,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """Freeze training, then held-out users on version 0 and on the final version."""
+    for loop in supervisor.loops:
+        if loop.name != "serve" and loop.process is not None:
+            loop.process.terminate()
+    latest = _latest_checkpoint(supervisor.redis_url)
+    result: dict[str, Any] = {}
+    candidates = [("version 0", 0, base_dir)]
+    if latest is not None:
+        candidates.append((f"version {latest[0]} (final)", latest[0], latest[1]))
+    for label, version, path in candidates:
+        load_version(supervisor.base_url, admin_key, path, version)
+        result[label] = evaluate(
+            supervisor.base_url, settings.model, max_tokens, settings.demo.seed
+        )
+    return result
+
+
+def run_eval(settings: LiveLoopSettings, *, version: int | None) -> None:
+    """Held-out users against one policy version (default: the latest), not recorded."""
+    from liveloop.models import resolve_model_dir
+    from liveloop.registry import Registry
+
+    registry = Registry.open(settings.effective_db_url)
+    try:
+        info = registry.get_model_version(version) if version else registry.latest_model_version()
+    finally:
+        registry.close()
+    if version and info is None:
+        raise DemoError(f"policy version {version} is not in the registry")
+    path = info.path if info else str(resolve_model_dir(settings.model))
+    chosen = info.version if info else 0
+    admin_key = secrets.token_urlsafe(16)
+    scratch = settings.data_dir / "eval"
+    shutil.rmtree(scratch, ignore_errors=True)
+    child = settings.model_copy(
+        update={"data_dir": scratch, "port": free_port(), "redis_url": None}
+    )
+    supervisor = Supervisor(child, loops=("serve",), extra_env={"LIVELOOP_ADMIN_KEY": admin_key})
+    supervisor.start()
+    try:
+        wait_ready(supervisor.base_url, supervisor)
+        if chosen:
+            load_version(supervisor.base_url, admin_key, path, chosen)
+        result = evaluate(
+            supervisor.base_url,
+            settings.model,
+            int(_profile(settings.model)["max_tokens"]),
+            settings.demo.seed,
+        )
+    finally:
+        supervisor.stop()
+    print(json.dumps({"version": chosen, "path": path, **result}, indent=2))

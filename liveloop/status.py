@@ -1,0 +1,158 @@
+"""What the loops are doing, read from the streams: the live terminal view of `up` and `demo`.
+
+Everything shown is derived from Redis (stream lengths, the newest weights announcement,
+recent scored turns), so it needs no cooperation from the loop processes and also works
+against a deployment. It makes "why nothing is training yet" visible: side, unjudged and
+dead-lettered turns are counted next to judged and batched ones.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+if TYPE_CHECKING:
+    from liveloop.supervisor import Supervisor
+
+
+@dataclass
+class Snapshot:
+    """Counts and rates at one moment."""
+
+    at: float
+    turns: int = 0
+    scored: int = 0
+    batches: int = 0
+    dead_letters: int = 0
+    policy_version: int = 0
+    reward_avg: float | None = None
+    staleness_avg: float | None = None
+    turns_per_s: float = 0.0
+    recent_scores: list[float] = field(default_factory=list)
+
+
+class StatsReader:
+    """Reads a Snapshot from Redis; keeps the previous one to compute rates."""
+
+    def __init__(self, redis_url: str, window: int = 50) -> None:
+        self.client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=2)
+        self.window = window
+        self._last: Snapshot | None = None
+
+    def snapshot(self) -> Snapshot:
+        """Current counts; on a Redis error, the last snapshot (or zeros)."""
+        try:
+            snap = self._read()
+        except (redis.RedisError, OSError):
+            return self._last or Snapshot(at=time.time())
+        if self._last is not None and snap.at > self._last.at:
+            snap.turns_per_s = (snap.turns - self._last.turns) / (snap.at - self._last.at)
+        self._last = snap
+        return snap
+
+    def _read(self) -> Snapshot:
+        c = self.client
+        pipe = c.pipeline(transaction=False)
+        for name in ("turns", "scored", "batches"):
+            pipe.xlen(f"liveloop:{name}")
+        for name in ("turns", "scored", "batches", "feedback"):
+            pipe.xlen(f"liveloop:{name}:dlq")
+        pipe.xrevrange("liveloop:weights", count=1)
+        pipe.xrevrange("liveloop:scored", count=self.window)
+        res: list[Any] = pipe.execute()
+        snap = Snapshot(at=time.time(), turns=res[0], scored=res[1], batches=res[2])
+        snap.dead_letters = sum(res[3:7])
+        if res[7]:
+            snap.policy_version = int(json.loads(res[7][0][1]["data"])["version"])
+        scores, stale = [], []
+        for _id, fields in res[8]:
+            data = json.loads(fields["data"])
+            scores.append(float(data["score"]))
+            if data.get("versions"):
+                stale.append(snap.policy_version - min(data["versions"]))
+        if scores:
+            snap.recent_scores = scores
+            snap.reward_avg = sum(scores) / len(scores)
+            snap.staleness_avg = sum(stale) / len(stale) if stale else None
+        return snap
+
+    def close(self) -> None:
+        """Close the Redis connection."""
+        self.client.close()
+
+
+class LiveView:
+    """A rich live table of the loops; prints nothing when quiet."""
+
+    def __init__(
+        self, supervisor: Supervisor, quiet: bool = False, title: str = "LiveLoop"
+    ) -> None:
+        self.supervisor = supervisor
+        self.quiet = quiet
+        self.title = title
+        self.events: deque[str] = deque(maxlen=5)
+        self.extra: dict[str, str] = {}
+        self.reader: StatsReader | None = None
+        self._live: Any = None
+
+    def __enter__(self) -> LiveView:
+        self.reader = StatsReader(self.supervisor.redis_url)
+        if not self.quiet:
+            from rich.live import Live
+
+            self._live = Live(self._render(), refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._live is not None:
+            self._live.__exit__(exc_type, exc, tb)
+        if self.reader is not None:
+            self.reader.close()
+
+    def event(self, line: str) -> None:
+        """Show an event (a crash, a restart) under the table."""
+        self.events.append(time.strftime("%H:%M:%S ") + line)
+
+    def refresh(self) -> None:
+        """Redraw with a fresh snapshot."""
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        snap = self.reader.snapshot() if self.reader else Snapshot(at=time.time())
+        table = Table(title=self.title, show_header=False, expand=False)
+        reward = "-" if snap.reward_avg is None else f"{snap.reward_avg:+.3f}"
+        stale = "-" if snap.staleness_avg is None else f"{snap.staleness_avg:.1f}"
+        rows = [
+            ("serving", f"{self.supervisor.base_url}/v1"),
+            ("turns recorded", f"{snap.turns}  ({snap.turns_per_s:.1f}/s)"),
+            ("turns judged", str(snap.scored)),
+            ("batches", str(snap.batches)),
+            ("policy version", str(snap.policy_version)),
+            (f"reward (last {len(snap.recent_scores)})", reward),
+            ("staleness (versions)", stale),
+            ("dead letters", str(snap.dead_letters)),
+        ]
+        rows += list(self.extra.items())
+        for loop in self.supervisor.loops:
+            state = "up" if loop.alive else f"down (exit {loop.last_exit})"
+            rows.append((f"loop {loop.name}", f"{state}, restarts {loop.restarts}"))
+        for key, value in rows:
+            table.add_row(key, value)
+        for line in self.events:
+            table.add_row("event", line)
+        return table

@@ -1,0 +1,199 @@
+"""`liveloop up`: the four loops as child processes, restarted with backoff, stopped together.
+
+Each loop runs in its own process (`python -m liveloop.cli <loop>`), so one crashing does
+not take the others down; a crashed loop is restarted with exponential backoff and
+reported. Children die with the supervisor (PR_SET_PDEATHSIG), and one Ctrl-C or SIGTERM
+stops everything within seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from liveloop.config import LiveLoopSettings
+from liveloop.valkey import EmbeddedValkey
+
+log = logging.getLogger(__name__)
+
+LOOPS = ("serve", "judge", "collect", "train")
+STOP_GRACE_S = 8.0
+MAX_BACKOFF_S = 30.0
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    os.setpgrp()  # a terminal Ctrl-C reaches the supervisor only; it stops children in order
+
+
+@dataclass
+class LoopProcess:
+    """One supervised loop: its command, process, restart count and backoff state."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = 0.0
+    last_exit: int | None = None
+    history: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        """Start (or restart) the process, its output appended to its log file."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+        self.started_at = time.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.process is not None and self.process.poll() is None
+
+
+class Supervisor:
+    """Starts the embedded Valkey (unless a Redis URL is given) and the loops; keeps them up."""
+
+    def __init__(
+        self,
+        settings: LiveLoopSettings,
+        *,
+        config_file: Path | None = None,
+        loops: tuple[str, ...] = LOOPS,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config_file = config_file
+        self.loop_names = loops
+        self.extra_env = extra_env or {}
+        self.valkey: EmbeddedValkey | None = None
+        self.redis_url = settings.redis_url or ""
+        self.loops: list[LoopProcess] = []
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    @property
+    def base_url(self) -> str:
+        """HTTP base URL of the serving loop."""
+        host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "::") else self.settings.host
+        return f"http://{host}:{self.settings.port}"
+
+    def _argv(self, loop: str) -> list[str]:
+        s = self.settings
+        argv = [sys.executable, "-m", "liveloop.cli", loop, "--model", s.model]
+        argv += ["--data-dir", str(s.data_dir), "--redis-url", self.redis_url]
+        argv += ["--host", s.host, "--port", str(s.port), "--log-level", s.log_level]
+        argv += ["--db-url", s.effective_db_url]
+        if self.config_file is not None:
+            argv += ["--config", str(self.config_file)]
+        if loop != "serve":
+            argv += ["--metrics-port", str(s.port + 1 + LOOPS.index(loop))]
+        return argv
+
+    def start(self) -> None:
+        """Start Valkey (if embedded), open the registry once (migrations), start every loop."""
+        if not self.redis_url:
+            self.valkey = EmbeddedValkey(self.settings.data_dir).start()
+            self.redis_url = self.valkey.url
+        from liveloop.registry import Registry
+
+        Registry.open(self.settings.effective_db_url).close()
+        env = dict(os.environ, **self.extra_env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        for name in self.loop_names:
+            proc = LoopProcess(
+                name, self._argv(name), env, self.settings.data_dir / "logs" / f"{name}.log"
+            )
+            proc.start()
+            self.loops.append(proc)
+            log.info("started %s (pid %s)", name, proc.process.pid if proc.process else "?")
+
+    def check(self) -> list[str]:
+        """Restart crashed loops with backoff; returns one line per event, for the live view."""
+        events: list[str] = []
+        now = time.monotonic()
+        with self._lock:
+            if self._stopping:
+                return events
+            for loop in self.loops:
+                if loop.alive:
+                    if now - loop.started_at > 60:
+                        loop.restarts = 0  # healthy for a while: reset the backoff
+                    continue
+                if loop.process is not None:
+                    loop.last_exit = loop.process.returncode
+                    loop.process = None
+                    delay = min(MAX_BACKOFF_S, 2.0**loop.restarts)
+                    loop.next_start = now + delay
+                    loop.restarts += 1
+                    msg = f"{loop.name} exited with {loop.last_exit}; restarting in {delay:.0f}s"
+                    loop.history.append(msg)
+                    events.append(msg)
+                    log.warning(msg)
+                elif now >= loop.next_start:
+                    loop.start()
+                    events.append(f"{loop.name} restarted")
+        return events
+
+    def stop(self) -> None:
+        """SIGTERM every loop, wait, SIGKILL stragglers, then stop Valkey."""
+        with self._lock:
+            self._stopping = True
+            for loop in self.loops:
+                if loop.alive and loop.process is not None:
+                    loop.process.terminate()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for loop in self.loops:
+                if loop.process is None:
+                    continue
+                try:
+                    loop.process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    loop.process.kill()
+                    loop.process.wait()
+        if self.valkey is not None:
+            self.valkey.stop()
+
+
+def run_up(
+    settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
+) -> None:
+    """Run all four loops until Ctrl-C or SIGTERM; shows a live view unless quiet."""
+    from liveloop.status import LiveView
+
+    supervisor = Supervisor(settings, config_file=config_file)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    supervisor.start()
+    view = LiveView(supervisor, quiet=quiet)
+    print(
+        f"LiveLoop is up: {supervisor.base_url}/v1 (Ctrl-C stops); logs in {settings.data_dir / 'logs'}"
+    )
+    try:
+        with view:
+            while not stop.wait(1.0):
+                for event in supervisor.check():
+                    view.event(event)
+                view.refresh()
+    finally:
+        supervisor.stop()
