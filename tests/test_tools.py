@@ -352,6 +352,16 @@ def test_tool_grammar_accepts_valid_calls_only(tiny: LoadedModel) -> None:
     assert not accepts(tiny, factory, time_call.replace('"UTC"', '"UTC", "x": 1'))
     assert not accepts(tiny, factory, time_call.replace('"UTC"', '"U\tC"'))  # raw control character
     assert not accepts(tiny, factory, time_call.replace('"UTC"', '"UTC+01:00"'))  # over maxLength
+    single = build_constraint(
+        tiny.tokenizer,
+        tools=TOOLS,
+        tool_choice="required",
+        response_format=None,
+        parallel_tool_calls=False,
+    )
+    assert single is not None
+    assert accepts(tiny, single, time_call)
+    assert not accepts(tiny, single, f"{CALL_A}\n{time_call}")
     named = build_constraint(
         tiny.tokenizer,
         tools=TOOLS,
