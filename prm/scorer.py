@@ -67,15 +67,18 @@ def make_scored(turn: TurnRecord, verdict: Verdict, signal: str) -> ScoredTurn:
 
 
 def scored_index(
-    head: TurnHead | TurnRecord, verdict: Verdict, signal: str
+    head: TurnHead | TurnRecord, verdict: Verdict, signal: str, judged_by: str = ""
 ) -> dict[str, str | int]:
-    """Small index fields of a scored entry, beside its `data`."""
-    return {
+    """Small index fields of a scored entry, beside its `data` (`judged_by`: the consumer)."""
+    index: dict[str, str | int] = {
         "session_id": head.session_id,
         "turn_index": head.turn_index,
         "judge": verdict.judge,
         "signal": signal,
     }
+    if judged_by:
+        index["judged_by"] = judged_by
+    return index
 
 
 VERDICT_KEYS = tuple(
@@ -84,7 +87,7 @@ VERDICT_KEYS = tuple(
 
 
 def scored_fields(
-    request: JudgeRequest, head: TurnHead, raw: str, verdict: Verdict
+    request: JudgeRequest, head: TurnHead, raw: str, verdict: Verdict, judged_by: str = ""
 ) -> dict[str, str]:
     """Stream fields of the scored entry, built from the turn's raw JSON.
 
@@ -111,7 +114,8 @@ def scored_fields(
         )
         data = body[:-1] + "," + tail[1:]
     fields = {"data": data}
-    fields.update({k: str(v) for k, v in scored_index(head, verdict, signal).items()})
+    index = scored_index(head, verdict, signal, judged_by)
+    fields.update({k: str(v) for k, v in index.items()})
     return fields
 
 
@@ -192,7 +196,7 @@ class Scorer:
                         unscored += 1
                         continue
                     commits.append((len(pipe.command_stack), request.signal))
-                    fields = scored_fields(request, head, raw, verdict)
+                    fields = scored_fields(request, head, raw, verdict, self.consumer.consumer)
                     await self.store.queue_commit(pipe, head, fields)
             self.consumer.queue_ack(pipe, *(job.entry.id for job, _ in done))
             results = await pipe.execute()

@@ -61,7 +61,7 @@ def parse_vote(text: str | None) -> float | None:
     """One vote from a judge reply: 1 (good), -1 (bad), 0 (neutral), or None if malformed.
 
     Accepted, in order: a JSON object with `verdict` or `score`; "verdict: X"; a reply whose
-    first word is a verdict; a reply that names exactly one distinct verdict word.
+    first word is a verdict (and its first line names no other); a reply that names exactly one distinct verdict word.
     """
     if not text or not text.strip():
         return None
@@ -72,7 +72,8 @@ def parse_vote(text: str | None) -> float | None:
     if labelled:
         return VERDICTS[labelled.group(1).lower()]
     first = _FIRST_WORD.match(text)
-    if first and first.group(1).lower() in VERDICTS:
+    first_line = {w.lower() for w in _WORD.findall(text.strip().splitlines()[0])}
+    if first and first.group(1).lower() in VERDICTS and len(first_line) == 1:
         return VERDICTS[first.group(1).lower()]
     words = {w.lower() for w in _WORD.findall(text)}
     if len(words) == 1:
