@@ -5,7 +5,10 @@ with thanks, corrections, neutral follow-ups and tool errors; the last turn of e
 gets explicit feedback, so every turn has a next state), then starts 1 and then 2
 `liveloop judge` processes and measures how fast `liveloop:scored` fills up: from the first
 scored entry to the last (`turns_per_s`) and from process start (`turns_per_s_with_startup`).
-It checks that every turn was scored exactly once, and prints one JSON object.
+On a shared machine the wall-clock rate depends on what else runs, so it also reports the
+CPU the judge processes and Valkey spent per turn over the same span (`turns_per_cpu_s`
+is the rate one uncontended core would sustain). It checks that every turn was scored
+exactly once, and prints one JSON object.
 
     python bench/judge.py [--turns N] [--turns-per-session K]
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 import redis.asyncio as aredis  # noqa: E402
 
 from liveloop import bus  # noqa: E402
@@ -68,18 +73,35 @@ async def fill(url: str, turns: list[TurnRecord], feedback: list[Feedback]) -> N
     await client.aclose()
 
 
-async def watch(url: str, expected: int, started: float, timeout_s: float) -> dict[str, Any]:
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        times = proc.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+async def watch(
+    url: str,
+    expected: int,
+    started: float,
+    timeout_s: float,
+    judges: list[psutil.Process],
+    valkey: psutil.Process,
+) -> dict[str, Any]:
+    """Poll the scored stream until every turn is there; CPU is measured over the same span."""
     client = aredis.from_url(url, decode_responses=True)
     first: float | None = None
     done: float | None = None
+    cpu0 = cpu1 = (0.0, 0.0)
     scored_key = bus.stream_key(bus.SCORED)
     while time.monotonic() - started < timeout_s:
         n = int(await client.xlen(scored_key))
         now = time.monotonic()
         if n and first is None:
-            first = now
+            first, cpu0 = now, (_cpu_s(judges), _cpu_s([valkey]))
         if n >= expected:
-            done = now
+            done, cpu1 = now, (_cpu_s(judges), _cpu_s([valkey]))
             break
         await asyncio.sleep(0.02)
     keys = set()
@@ -90,11 +112,15 @@ async def watch(url: str, expected: int, started: float, timeout_s: float) -> di
     await client.aclose()
     if done is None or first is None:
         return {"error": f"only {n} of {expected} turns scored in {timeout_s}s"}
+    judge_us = 1e6 * (cpu1[0] - cpu0[0]) / expected
     return {
         "turns_per_s": round(expected / max(done - first, 1e-9), 1),
         "turns_per_s_with_startup": round(expected / (done - started), 1),
         "seconds": round(done - first, 3),
         "seconds_with_startup": round(done - started, 3),
+        "judge_cpu_us_per_turn": round(judge_us, 1),
+        "valkey_cpu_us_per_turn": round(1e6 * (cpu1[1] - cpu0[1]) / expected, 1),
+        "turns_per_cpu_s": round(1e6 / max(judge_us, 1e-9), 1),
         "scored_entries": n,
         "scored_exactly_once": n == expected == len(keys),
     }
@@ -112,8 +138,10 @@ async def _scan(client: aredis.Redis, key: str) -> Any:
 
 
 def run_case(
-    url: str, turns: list[TurnRecord], fbs: list[Feedback], processes: int
+    valkey: EmbeddedValkey, turns: list[TurnRecord], fbs: list[Feedback], processes: int
 ) -> dict[str, Any]:
+    """Fill the streams, start `processes` judges, time them, stop them."""
+    url = valkey.url
     asyncio.run(fill(url, turns, fbs))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -130,7 +158,10 @@ def run_case(
         for _ in range(processes)
     ]
     try:
-        result = asyncio.run(watch(url, len(turns), started, timeout_s=300))
+        assert valkey.process is not None
+        judges = [psutil.Process(p.pid) for p in procs]
+        vk = psutil.Process(valkey.process.pid)
+        result = asyncio.run(watch(url, len(turns), started, 300, judges, vk))
     finally:
         for p in procs:
             p.terminate()
@@ -151,10 +182,12 @@ def main() -> None:
         "turns_per_session": args.turns_per_session,
         "record_bytes": len(turns[len(turns) // 2].model_dump_json()),
         "cpu_count": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "hiredis": importlib.util.find_spec("hiredis") is not None,
     }
     with tempfile.TemporaryDirectory() as tmp, EmbeddedValkey(Path(tmp)) as valkey:
         for processes in (1, 2):
-            report[f"processes_{processes}"] = run_case(valkey.url, turns, fbs, processes)
+            report[f"processes_{processes}"] = run_case(valkey, turns, fbs, processes)
     report["target_turns_per_s_1_process"] = 2000
     report["meets_target"] = report["processes_1"].get("turns_per_s", 0) >= 2000
     print(json.dumps(report))

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from liveloop import bus
 from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import Feedback, ScoredTurn
+from prm.consumer import PrmConsumer
 from prm.judges import Judge, JudgeRequest, JudgeResult, load_judges, message_text
 from prm.metrics import PrmMetrics
 from prm.panel import JudgePanel
@@ -189,3 +190,25 @@ async def test_failing_judge_retries_then_dead_letters_without_stalling(
     assert metric(service, "liveloop_prm_dead_letters_total", stream="liveloop:turns:dlq") == 2
     assert metric(service, "liveloop_prm_judge_failures_total", judge="flaky") == 6
     assert await aredis_client.keys("liveloop:prm:w:*") == []  # dead turns are not retried later
+
+
+async def test_malformed_records_dead_letter_at_once(
+    aredis_client: aredis.Redis, redis_url: str
+) -> None:
+    good = make_turn("g", 0, [user("q")], "a")
+    await aredis_client.xadd("liveloop:turns", {"data": "{not json"})
+    await aredis_client.xadd("liveloop:turns", {"data": json.dumps({"session_id": "x"})})
+    await aredis_client.xadd("liveloop:feedback", {"data": json.dumps({"score": 7})})
+    await write_turns(aredis_client, [good])
+    async with judging(aredis_client, fast_settings(redis_url, next_state_timeout_s=0.2)):
+        await wait_for(lambda: count_is(aredis_client, "liveloop:scored", 1))
+    dead = [f for _i, f in await aredis_client.xrange("liveloop:turns:dlq")]
+    assert len(dead) == 2 and all(f["error"].startswith("malformed turn record") for f in dead)
+    assert dead[0]["data"] == "{not json" and dead[0]["attempts"] == "1"
+    fb_dead = await aredis_client.xrange("liveloop:feedback:dlq")
+    assert len(fb_dead) == 1 and "malformed feedback" in fb_dead[0][1]["error"]
+
+
+def test_retry_delay_doubles_up_to_the_cap(aredis_client: aredis.Redis) -> None:
+    consumer = PrmConsumer(aredis_client, "turns", "g", claim_idle_ms=500, backoff_max_s=3.0)
+    assert [consumer.retry_delay_s(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
