@@ -32,45 +32,53 @@ from prm.judges.base import TurnHead
 PREFIX = "liveloop:prm:"
 READY = PREFIX + "ready"
 
-# KEYS: 1 waiting, 2 own group, 3 previous group, 4 own arrival, 5 next arrival,
-#       6 own feedback, 7 deadlines, 8 ready, 9 own seen marker, 10 previous seen marker
-# ARGV: 1 turn json, 2 messages json, 3 turn key, 4 timeout s, 5 ttl s, 6 has previous (0/1),
-#       7 arrival ttl s
+# Key names are built inside the scripts from the session, index and sample (fewer
+# arguments per call is most of the client's cost per turn); the scripts touch several
+# sessions' keys at once anyway, so they target a single Redis/Valkey, not a cluster.
+# KEYS: 1 deadlines, 2 ready
+# ARGV: 1 state prefix, 2 seen-marker prefix, 3 session, 4 index, 5 sample, 6 turn json,
+#       7 messages json, 8 timeout s, 9 ttl s, 10 arrival ttl s
 _ADD_TURN = """
-if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[9]) == 1 then
+local P, SEEN, s, idx = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local k = tonumber(idx)
+local key = s .. ':' .. idx .. ':' .. ARGV[5]
+local waiting = P .. 'w:' .. key
+if redis.call('EXISTS', waiting) == 1 or redis.call('EXISTS', SEEN .. key) == 1 then
   return {'duplicate', 0}
 end
-local ttl = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[9])
 local paired = 0
-if ARGV[6] == '1' then
-  local members = redis.call('SMEMBERS', KEYS[3])
+if k > 0 then
+  local prev = P .. 'g:' .. s .. ':' .. (k - 1)
+  local members = redis.call('SMEMBERS', prev)
   local claimed = {}
   for _, m in ipairs(members) do
-    if redis.call('ZREM', KEYS[7], m) == 1 then table.insert(claimed, m) end
+    if redis.call('ZREM', KEYS[1], m) == 1 then table.insert(claimed, m) end
   end
   if #claimed > 0 then
-    redis.call('XADD', KEYS[8], '*', 'keys', cjson.encode(claimed), 'next', ARGV[2])
-    redis.call('DEL', KEYS[3])
+    redis.call('XADD', KEYS[2], '*', 'keys', cjson.encode(claimed), 'next', ARGV[7])
+    redis.call('DEL', prev)
     paired = #claimed
-  elseif #members == 0 and redis.call('EXISTS', KEYS[10]) == 0 then
-    redis.call('SET', KEYS[4], ARGV[2], 'EX', tonumber(ARGV[7]))
+  elseif #members == 0 and redis.call('EXISTS', SEEN .. s .. ':' .. (k - 1) .. ':0') == 0 then
+    redis.call('SET', P .. 'a:' .. s .. ':' .. idx, ARGV[7], 'EX', tonumber(ARGV[10]))
   end
 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
-redis.call('SADD', KEYS[2], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ttl)
-local fb = redis.call('GET', KEYS[6])
-local nxt = redis.call('GET', KEYS[5])
+local group = P .. 'g:' .. s .. ':' .. idx
+redis.call('SET', waiting, ARGV[6], 'EX', ttl)
+redis.call('SADD', group, key)
+redis.call('EXPIRE', group, ttl)
+local fb = redis.call('GET', P .. 'fb:' .. s .. ':' .. idx)
+local nxt = redis.call('GET', P .. 'a:' .. s .. ':' .. (k + 1))
 if fb or nxt then
-  local job = {'keys', cjson.encode({ARGV[3]})}
+  local job = {'keys', cjson.encode({key})}
   if nxt then table.insert(job, 'next'); table.insert(job, nxt) end
   if fb then table.insert(job, 'feedback'); table.insert(job, fb) end
-  redis.call('XADD', KEYS[8], '*', unpack(job))
+  redis.call('XADD', KEYS[2], '*', unpack(job))
   return {'ready', paired}
 end
 local t = redis.call('TIME')
-local deadline = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[4])
-redis.call('ZADD', KEYS[7], string.format('%.6f', deadline), ARGV[3])
+local deadline = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[8])
+redis.call('ZADD', KEYS[1], string.format('%.6f', deadline), key)
 return {'waiting', paired}
 """
 
@@ -105,15 +113,20 @@ end
 return #due
 """
 
-# KEYS: 1 seen marker, 2 scored stream, 3 waiting, 4 group; ARGV: 1 ttl, 2 turn key, 3.. fields
+# KEYS: 1 scored stream
+# ARGV: 1 state prefix, 2 seen-marker prefix, 3 session, 4 index, 5 sample, 6 dedupe ttl s,
+#       7 data, 8.. more index fields (name, value, ...)
 _COMMIT = """
+local P, s, idx = ARGV[1], ARGV[3], ARGV[4]
+local key = s .. ':' .. idx .. ':' .. ARGV[5]
 local added = 0
-if redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[1])) then
-  redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+if redis.call('SET', ARGV[2] .. key, '1', 'NX', 'EX', tonumber(ARGV[6])) then
+  redis.call('XADD', KEYS[1], '*', 'data', ARGV[7], 'session_id', s, 'turn_index', idx,
+             unpack(ARGV, 8))
   added = 1
 end
-redis.call('DEL', KEYS[3])
-redis.call('SREM', KEYS[4], ARGV[2])
+redis.call('DEL', P .. 'w:' .. key)
+redis.call('SREM', P .. 'g:' .. s .. ':' .. idx, key)
 return added
 """
 
@@ -130,13 +143,15 @@ class PendingTurn:
     key: str
     session_id: str
     turn_index: int
+    sample_index: int
     raw: str
     messages_json: str
 
     @classmethod
     def from_record(cls, turn: TurnRecord, raw: str) -> PendingTurn:
         """From a parsed record and the JSON it was parsed from."""
-        return cls(turn.key, turn.session_id, turn.turn_index, raw, json.dumps(turn.messages))
+        messages = json.dumps(turn.messages)
+        return cls(turn.key, turn.session_id, turn.turn_index, turn.sample_index, raw, messages)
 
 
 class PairingStore:
@@ -173,21 +188,6 @@ class PairingStore:
         """The set of waiting samples of one (session, turn)."""
         return f"{PREFIX}g:{session_id}:{turn_index}"
 
-    def _turn_keys(self, t: PendingTurn) -> list[str]:
-        s, k = t.session_id, t.turn_index
-        return [
-            self.waiting_key(t.key),
-            self.group_key(s, k),
-            self.group_key(s, k - 1),
-            f"{PREFIX}a:{s}:{k}",
-            f"{PREFIX}a:{s}:{k + 1}",
-            f"{PREFIX}fb:{s}:{k}",
-            self.deadlines,
-            READY,
-            seen_marker(self.scored_stream, t.key),
-            seen_marker(self.scored_stream, f"{s}:{k - 1}:0"),
-        ]
-
     # Operations ---------------------------------------------------------------------
     async def add_turns(self, turns: list[PendingTurn]) -> list[Any]:
         """Store and pair main turns; per turn (state, predecessors paired) or an exception.
@@ -197,11 +197,14 @@ class PairingStore:
         """
         if not turns:
             return []
+        seen = seen_marker(self.scored_stream, "")
+        keys = [self.deadlines, READY]
         async with self.client.pipeline(transaction=False) as pipe:
             for t in turns:
-                args: list[str | int | float] = [t.raw, t.messages_json, t.key]
-                args += [self.timeout_s, self.ttl_s, int(t.turn_index > 0), self.arrival_ttl_s]
-                await self._add_turn(keys=self._turn_keys(t), args=args, client=pipe)
+                args: list[str | int | float] = [PREFIX, seen, t.session_id, t.turn_index]
+                args += [t.sample_index, t.raw]
+                args += [t.messages_json, self.timeout_s, self.ttl_s, self.arrival_ttl_s]
+                await self._add_turn(keys=keys, args=args, client=pipe)
             return list(await pipe.execute(raise_on_error=False))
 
     async def add_feedback(self, items: list[tuple[Feedback, str]]) -> list[Any]:
@@ -235,17 +238,17 @@ class PairingStore:
     async def queue_commit(
         self, pipe: Pipeline, turn: TurnRecord | TurnHead, fields: dict[str, str]
     ) -> None:
-        """Queue: write the scored entry once and forget the turn's pairing state."""
-        keys = [
-            seen_marker(self.scored_stream, turn.key),
-            self.scored_stream,
-            self.waiting_key(turn.key),
-            self.group_key(turn.session_id, turn.turn_index),
-        ]
-        args: list[str | int] = [bus.DEDUPE_TTL_S, turn.key]
+        """Queue: write the scored entry once and forget the turn's pairing state.
+
+        `fields` are the entry's fields: `data`, `session_id`, `turn_index` and any others.
+        """
+        args: list[str | int] = [PREFIX, seen_marker(self.scored_stream, "")]
+        args += [turn.session_id, turn.turn_index, turn.sample_index, bus.DEDUPE_TTL_S]
+        args.append(fields["data"])
         for name, value in fields.items():
-            args += [name, value]
-        await self._commit(keys=keys, args=args, client=pipe)
+            if name not in ("data", "session_id", "turn_index"):
+                args += [name, value]
+        await self._commit(keys=[self.scored_stream], args=args, client=pipe)
 
     def queue_drop(self, pipe: Pipeline, turn_key: str, session_id: str, turn_index: int) -> None:
         """Queue: forget a turn's pairing state without writing a score."""

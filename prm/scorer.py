@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -81,8 +82,8 @@ def scored_index(
     return index
 
 
-VERDICT_KEYS = tuple(
-    f'"{name}"' for name in ScoredTurn.model_fields if name not in TurnRecord.model_fields
+VERDICT_KEYS = re.compile(
+    "|".join(f'"{name}"' for name in ScoredTurn.model_fields if name not in TurnRecord.model_fields)
 )
 
 
@@ -98,7 +99,7 @@ def scored_fields(
     """
     signal = request.signal
     body = raw.rstrip()
-    if not body.endswith("}") or any(name in body for name in VERDICT_KEYS):
+    if not body.endswith("}") or VERDICT_KEYS.search(body):
         data = make_scored(request.turn, verdict, signal).model_dump_json()
     else:
         tail = json.dumps(

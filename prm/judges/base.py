@@ -138,7 +138,7 @@ class Judge(Protocol):
 
 
 def _finite_in_range(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise JudgeError(f"{what} is not a number: {value!r}")
     number = float(value)
     if not math.isfinite(number) or not -1.0 <= number <= 1.0:
