@@ -6,7 +6,8 @@
 - Dead letters go to a chosen stream (the judging loop sends failed turns to
   `liveloop:turns:dlq`, with the turn record itself), and malformed entries can be
   dead-lettered at once.
-- Entries this process is still working on are not handed out again by a reclaim.
+- Entries this process is still working on are not handed out again by a reclaim, here
+  or (through `keep_alive`) by another consumer, however long a slow judge takes.
 - Acknowledgements can be queued on a caller's pipeline, next to the output they confirm.
 """
 
@@ -63,6 +64,18 @@ class PrmConsumer(StreamConsumer):
         due_at = await self.client.hmget(self._retry_key, [e.id for e in entries])  # type: ignore[misc]
         now = time.time()
         return [e for e, at in zip(entries, due_at, strict=True) if at is None or float(at) <= now]
+
+    async def keep_alive(self) -> None:
+        """Reset the idle time of entries in flight here, so no other consumer reclaims them."""
+        if self.in_flight:
+            await self.client.xclaim(
+                self.stream,
+                self.group,
+                self.consumer,
+                min_idle_time=0,
+                message_ids=list(self.in_flight),
+                justid=True,
+            )
 
     def retry_delay_s(self, attempts: int) -> float:
         """Delay before retry number `attempts` (1-based): doubling from claim_idle_ms."""

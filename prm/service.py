@@ -57,6 +57,8 @@ class JudgeService:
         self.turns = self._consumer(bus.TURNS, name)
         self.feedback = self._consumer(bus.FEEDBACK, name)
         self.ready = self._consumer(READY, name, dlq=bus.dlq_key(bus.TURNS), delete_acked=True)
+        if not panel.inline:
+            self.ready.count = config.slow_read_count
         self.turn_intake = TurnIntake(self.turns, self.store, metrics)
         self.feedback_intake = FeedbackIntake(self.feedback, self.store, metrics)
         self.scorer = Scorer(self.ready, self.store, panel, metrics)
@@ -94,6 +96,7 @@ class JudgeService:
             self._forever(stop, "sweeper", self._sweep_once),
             self._forever(stop, "scorer", self._score_once),
             self._forever(stop, "lag monitor", self._measure_once),
+            self._forever(stop, "keep-alive", self._keep_alive_once),
         ]
         await asyncio.gather(*loops)
         if self._batches:
@@ -131,6 +134,10 @@ class JudgeService:
             self.metrics.pending.labels(consumer.stream).set(pending)
         self.metrics.waiting.set(await self.store.waiting_count())
         await self._nap(self.config.lag_interval_s)
+
+    async def _keep_alive_once(self) -> None:
+        await self.ready.keep_alive()
+        await self._nap(self.config.claim_idle_ms / 3000)
 
     async def _score_once(self) -> None:
         """Start one batch of ready jobs, keeping at most `max_inflight_batches` running."""

@@ -212,3 +212,43 @@ async def test_malformed_records_dead_letter_at_once(
 def test_retry_delay_doubles_up_to_the_cap(aredis_client: aredis.Redis) -> None:
     consumer = PrmConsumer(aredis_client, "turns", "g", claim_idle_ms=500, backoff_max_s=3.0)
     assert [consumer.retry_delay_s(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+class SlowJudge:
+    """Takes longer than the claim time on every turn and counts its calls."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    async def score(self, request: JudgeRequest) -> JudgeResult | None:
+        text = message_text(request.response)
+        self.calls[text] = self.calls.get(text, 0) + 1
+        await asyncio.sleep(0.5)
+        return JudgeResult(score=0.5)
+
+
+async def test_slow_judge_work_is_not_stolen_by_another_consumer(
+    aredis_client: aredis.Redis, redis_url: str
+) -> None:
+    settings = fast_settings(redis_url, next_state_timeout_s=0.1, slow_read_count=2)
+    judge = SlowJudge()
+    turns = [make_turn(f"s{i}", 0, [user("q")], f"reply {i}") for i in range(6)]
+    metrics = PrmMetrics(CollectorRegistry())
+    panel = JudgePanel([(judge, 1.0)], metrics)
+    services = [
+        JudgeService(aredis_client, settings.prm, panel, metrics, consumer_name=name)
+        for name in ("a", "b")
+    ]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(s.run(stop)) for s in services]
+    await write_turns(aredis_client, turns)
+    await wait_for(lambda: count_is(aredis_client, "liveloop:scored", 6))
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.gather(*tasks)
+    # claim_idle_ms is 100 ms and each turn takes 500 ms, yet the consumer judging a turn
+    # keeps it: every turn is judged once, by one of the two consumers.
+    assert judge.calls == {f"reply {i}": 1 for i in range(6)}
+    assert await aredis_client.xlen("liveloop:scored") == 6

@@ -128,7 +128,15 @@ class JudgeConfig(Section):
         ge=100,
         description="Pending entries idle this long are reclaimed from dead consumers.",
     )
-    read_count: int = Field(256, ge=1, description="Entries read per XREADGROUP call.")
+    read_count: int = Field(
+        1000, ge=1, description="Entries read per XREADGROUP call (turns, feedback, fast judges)."
+    )
+    slow_read_count: int = Field(
+        16,
+        ge=1,
+        description="Turns judged per batch when a judge awaits I/O (LLM judge): small batches "
+        "commit early.",
+    )
     consumer_name: str | None = Field(
         None, description="Consumer name in the group (default: host-pid)."
     )
