@@ -20,6 +20,10 @@ class PrmMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._judge_metrics(registry)
+        self._stream_metrics(registry)
+
+    def _judge_metrics(self, registry: CollectorRegistry) -> None:
         self.judge_latency = Histogram(
             "liveloop_prm_judge_latency_seconds",
             "Time one judge took to score one turn.",
@@ -47,6 +51,8 @@ class PrmMetrics:
             buckets=SHARE_BUCKETS,
             registry=registry,
         )
+
+    def _stream_metrics(self, registry: CollectorRegistry) -> None:
         self.turns = Counter(
             "liveloop_prm_turns_total",
             "Turns by outcome: scored, side, unscored, duplicate, missing, dead_letter.",
