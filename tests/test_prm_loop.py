@@ -252,3 +252,22 @@ async def test_slow_judge_work_is_not_stolen_by_another_consumer(
     # keeps it: every turn is judged once, by one of the two consumers.
     assert judge.calls == {f"reply {i}": 1 for i in range(6)}
     assert await aredis_client.xlen("liveloop:scored") == 6
+
+
+async def test_no_opinion_after_timeout_leaves_the_turn_unscored_and_counted(
+    aredis_client: aredis.Redis, redis_url: str
+) -> None:
+    settings = fast_settings(
+        redis_url, next_state_timeout_s=0.2, judges={"rules": 1.0}, rules={"timeout_score": None}
+    )
+    turns = conversation("u", [user("q"), user("thanks")])
+    async with judging(aredis_client, settings) as service:
+        await write_turns(aredis_client, turns)
+        await wait_for(lambda: count_is(aredis_client, "liveloop:scored", 1))
+
+        async def unscored() -> bool:
+            return metric(service, "liveloop_prm_turns_total", outcome="unscored") == 1
+
+        await wait_for(unscored)
+    assert [s.key for s in await scored(aredis_client)] == ["u:0:0"]
+    assert await aredis_client.keys("liveloop:prm:w:*") == []
