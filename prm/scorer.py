@@ -145,9 +145,10 @@ class Scorer:
                 await self.consumer.dead_letter(entry, f"malformed ready job: {exc}")
         raws = await self.store.load([k for job in jobs for k in job.keys])
         per_job: list[list[str | None]] = []
+        offset = 0
         for job in jobs:
-            per_job.append(raws[: len(job.keys)])
-            raws = raws[len(job.keys) :]
+            per_job.append(raws[offset : offset + len(job.keys)])
+            offset += len(job.keys)
         outcomes: list[Outcome | BaseException]
         if self.panel.inline:  # judges that never wait: no task per job
             outcomes = []
