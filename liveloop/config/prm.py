@@ -1,8 +1,91 @@
 """Settings of the judging loop (`liveloop judge`)."""
 
-from pydantic import Field
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
 
 from liveloop.config.base import Section
+
+DEFAULT_CORRECTIONS = [
+    r"\bno\b[,.!]*\s+(?:that'?s|this is|it'?s)\s+(?:wrong|incorrect|not right)",
+    r"\bthat'?s\s+(?:wrong|incorrect|not (?:right|correct|what i (?:asked|wanted|meant)))",
+    r"\b(?:you'?re|you are|it'?s|it is|this is|that is)\s+(?:still\s+)?(?:wrong|incorrect)\b",
+    r"\btry again\b",
+    r"\btoo (?:long|short|verbose|wordy)\b",
+    r"\bnot what i (?:asked|wanted|meant)\b",
+    r"\b(?:doesn'?t|does not|didn'?t|did not) work\b",
+    r"\bplease (?:fix|redo)\b",
+]
+DEFAULT_APPROVALS = [
+    r"\bthanks?\b",
+    r"\bthank you\b",
+    r"\bperfect\b",
+    r"\bexactly\b",
+    r"\b(?:great|awesome|excellent|nice)\b",
+    r"\bthat'?s (?:right|correct)\b",
+    r"\b(?:works|worked) (?:now|great|perfectly)\b",
+]
+DEFAULT_TOOL_ERRORS = [
+    r"traceback \(most recent call last\)",
+    r"\bexit(?:ed)?(?: with)?[ _](?:code|status)\W{0,3}-?[1-9]\d*",
+    r"error:",
+    r'"error"\s*:\s*["{]',
+    r"\bcommand not found\b",
+    r"\bno such file or directory\b",
+]
+
+
+def _check_patterns(patterns: list[str]) -> list[str]:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return patterns
+
+
+class RulesJudgeConfig(Section):
+    """Patterns and scores of the built-in `rules` judge (matching is case-insensitive)."""
+
+    correction_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_CORRECTIONS),
+        description="Regexes that mark a user reply as a correction ('no, that's wrong').",
+    )
+    approval_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_APPROVALS),
+        description="Regexes that mark a user reply as thanks/approval ('thanks', 'perfect').",
+    )
+    tool_error_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TOOL_ERRORS),
+        description="Regexes that mark a tool result as an error (tracebacks, exit codes).",
+    )
+    correction_score: float = Field(
+        -1.0, ge=-1, le=1, description="Score of a user reply that matches a correction."
+    )
+    approval_score: float = Field(
+        1.0, ge=-1, le=1, description="Score of a user reply that matches only approval."
+    )
+    tool_error_score: float = Field(
+        -1.0, ge=-1, le=1, description="Score of a tool result that matches a tool error."
+    )
+    tool_ok_score: float = Field(
+        0.25, ge=-1, le=1, description="Score of a tool result without an error."
+    )
+    neutral_score: float = Field(
+        0.0, ge=-1, le=1, description="Score of a user reply that matches no pattern."
+    )
+    timeout_score: float | None = Field(
+        0.0,
+        ge=-1,
+        le=1,
+        description="Score of a turn with no next state before the timeout; unset = no opinion.",
+    )
+
+    _check = field_validator("correction_patterns", "approval_patterns", "tool_error_patterns")(
+        _check_patterns
+    )
 
 
 class LLMJudgeConfig(Section):
@@ -17,6 +100,12 @@ class LLMJudgeConfig(Section):
     timeout_s: float = Field(30.0, gt=0, description="Timeout of one judge request.")
     concurrency: int = Field(8, ge=1, description="Most judge requests in flight.")
     max_tokens: int = Field(64, ge=1, description="Completion budget of one vote.")
+    temperature: float = Field(
+        0.7, ge=0, le=2, description="Sampling temperature of a vote (votes should differ)."
+    )
+    max_chars: int = Field(
+        4000, ge=200, description="Each prompt section (request, reply, next state) is cut to this."
+    )
 
 
 class JudgeConfig(Section):
@@ -39,8 +128,54 @@ class JudgeConfig(Section):
         ge=100,
         description="Pending entries idle this long are reclaimed from dead consumers.",
     )
-    read_count: int = Field(256, ge=1, description="Entries read per XREADGROUP call.")
+    read_count: int = Field(
+        1000, ge=1, description="Entries read per XREADGROUP call (turns, feedback, fast judges)."
+    )
+    slow_read_count: int = Field(
+        16,
+        ge=1,
+        description="Turns judged per batch when a judge awaits I/O (LLM judge): small batches "
+        "commit early.",
+    )
     consumer_name: str | None = Field(
         None, description="Consumer name in the group (default: host-pid)."
     )
+    judge_timeout_s: float = Field(
+        120.0, gt=0, description="Longest one judge may take for one turn; longer is a failure."
+    )
+    retry_backoff_max_s: float = Field(
+        300.0,
+        gt=0,
+        description="Retry delay of a failed turn doubles from claim_idle_ms up to this.",
+    )
+    state_ttl_s: int = Field(
+        7 * 24 * 3600,
+        ge=60,
+        description="How long pairing state (waiting turns, early feedback) is kept in Redis.",
+    )
+    arrival_ttl_s: int = Field(
+        3600,
+        ge=60,
+        description="How long a turn's request waits for a predecessor not seen yet (races).",
+    )
+    sweep_interval_s: float = Field(
+        0.2, gt=0, description="How often turns past their next-state deadline are collected."
+    )
+    max_inflight_batches: int = Field(
+        4, ge=1, description="Batches of turns being judged at once by one process."
+    )
+    lag_interval_s: float = Field(
+        5.0, gt=0, description="How often consumer lag and pending counts are refreshed."
+    )
+    rules: RulesJudgeConfig = Field(default_factory=RulesJudgeConfig)
     llm: LLMJudgeConfig = Field(default_factory=LLMJudgeConfig)
+
+    @field_validator("judges")
+    @classmethod
+    def _weights_positive(cls, judges: dict[str, float]) -> dict[str, float]:
+        if not judges:
+            raise ValueError("name at least one judge")
+        for name, weight in judges.items():
+            if not weight > 0:
+                raise ValueError(f"weight of judge {name!r} must be > 0")
+        return judges

@@ -1,0 +1,33 @@
+"""An example judge plugin for LiveLoop: scores replies by how concise they are.
+
+Replace the body of `score` with a call to your own reward model; keep the contract:
+return a `JudgeResult` with a finite score in [-1, 1] (optionally `step_scores`, `hint`,
+`votes`), or None when the judge has no opinion on a turn. Raising, or taking longer than
+`prm.judge_timeout_s`, fails the turn, which is retried and finally dead-lettered.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prm.judges import JudgeRequest, JudgeResult, message_text
+
+
+class ConciseJudge:
+    """+1 for replies of at most `limit` words, falling linearly to -1 at 4 × limit."""
+
+    name = "concise"
+    inline = True  # pure computation: the judging loop needs no task per turn
+
+    def __init__(self, settings: Any = None) -> None:
+        self.limit = int(os.environ.get("CONCISE_JUDGE_WORDS", "50"))
+
+    async def score(self, request: JudgeRequest) -> JudgeResult | None:
+        """Score the length of the assistant's reply."""
+        words = len(message_text(request.response).split())
+        if words <= self.limit:
+            score = 1.0
+        else:
+            score = max(-1.0, 1.0 - 2.0 * (words - self.limit) / (3.0 * self.limit))
+        return JudgeResult(score=score, hint=f"{words} words (limit {self.limit})")

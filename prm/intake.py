@@ -1,0 +1,93 @@
+"""Intake: move turns and explicit feedback from their streams into the pairing state.
+
+A turns-stream entry is acknowledged once its pairing state is stored in Redis (the turn is
+then owned by the pairing state and the ready stream, not by the turns stream). Side turns
+are acknowledged and counted, never stored: they can never become trainable. A record that
+does not parse goes straight to the dead-letter stream; a Redis error on one entry leaves
+it pending for a retry.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import ValidationError
+
+from liveloop.bus import Entry
+from liveloop.contracts import Feedback, TurnRecord
+from prm.consumer import PrmConsumer
+from prm.metrics import PrmMetrics
+from prm.pairing import PairingStore, PendingTurn
+
+log = logging.getLogger(__name__)
+
+
+class TurnIntake:
+    """Reads `liveloop:turns` in group `prm` and stores each main turn for pairing."""
+
+    def __init__(self, consumer: PrmConsumer, store: PairingStore, metrics: PrmMetrics) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.metrics = metrics
+
+    async def step(self, block_ms: int = 500) -> int:
+        """Process one batch; returns how many entries were read."""
+        entries = await self.consumer.read(block_ms)
+        if not entries:
+            return 0
+        done: list[str] = []
+        pending: list[tuple[Entry, PendingTurn]] = []
+        for entry in entries:
+            try:
+                turn = entry.parse(TurnRecord)
+            except (ValidationError, ValueError) as exc:
+                await self.consumer.dead_letter(entry, f"malformed turn record: {exc}")
+                self.metrics.dead_letters.labels(self.consumer.dead_letter_stream).inc()
+                continue
+            if turn.turn_type != "main":
+                self.metrics.turns.labels("side").inc()
+                done.append(entry.id)
+                continue
+            pending.append((entry, PendingTurn.from_record(turn, entry.fields["data"])))
+        results = await self.store.add_turns([p for _, p in pending])
+        for (entry, _), result in zip(pending, results, strict=True):
+            if isinstance(result, Exception):
+                await self.consumer.fail(entry, f"storing pairing state failed: {result}")
+                continue
+            if result[0] == "duplicate":
+                self.metrics.turns.labels("duplicate").inc()
+            done.append(entry.id)
+        await self.consumer.ack(*done)
+        return len(entries)
+
+
+class FeedbackIntake:
+    """Reads `liveloop:feedback` in group `prm` and pairs feedback with waiting turns."""
+
+    def __init__(self, consumer: PrmConsumer, store: PairingStore, metrics: PrmMetrics) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.metrics = metrics
+
+    async def step(self, block_ms: int = 500) -> int:
+        """Process one batch; returns how many entries were read."""
+        entries = await self.consumer.read(block_ms)
+        if not entries:
+            return 0
+        parsed: list[tuple[Entry, Feedback]] = []
+        for entry in entries:
+            try:
+                parsed.append((entry, entry.parse(Feedback)))
+            except (ValidationError, ValueError) as exc:
+                await self.consumer.dead_letter(entry, f"malformed feedback: {exc}")
+                self.metrics.dead_letters.labels(self.consumer.dead_letter_stream).inc()
+        results = await self.store.add_feedback([(fb, e.fields["data"]) for e, fb in parsed])
+        done: list[str] = []
+        for (entry, _), result in zip(parsed, results, strict=True):
+            if isinstance(result, Exception):
+                await self.consumer.fail(entry, f"storing feedback failed: {result}")
+                continue
+            self.metrics.feedback.labels(str(result)).inc()
+            done.append(entry.id)
+        await self.consumer.ack(*done)
+        return len(entries)

@@ -1,0 +1,174 @@
+"""The judge plugin protocol: what a judge gets, what it returns, and how its output is checked.
+
+A judge is any object with a `name` and an async `score(request)` method. The judging loop
+builds one `JudgeRequest` per turn (the request messages, the assistant's response and the
+next state that followed) and expects a `JudgeResult`, or None when the judge has no
+opinion on this turn (for example the `feedback` judge when there is no explicit feedback).
+Plugins are registered under the `liveloop.judges` entry-point group as a callable that
+takes the `LiveLoopSettings` and returns a judge (a class with an `__init__(settings)`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from liveloop.contracts import Feedback, TurnRecord, TurnType
+
+Signal = Literal["next_turn", "feedback", "timeout"]
+
+
+class JudgeError(RuntimeError):
+    """A judge failed on one turn (raised, timed out or returned an invalid result)."""
+
+
+@dataclass(frozen=True)
+class NextState:
+    """What followed a turn: the new messages of the next turn, explicit feedback, or nothing."""
+
+    messages: list[dict[str, Any]] | None = None
+    feedback: Feedback | None = None
+
+    @property
+    def signal(self) -> Signal:
+        """Which kind of signal this is; explicit feedback counts first."""
+        if self.feedback is not None:
+            return "feedback"
+        if self.messages is not None:
+            return "next_turn"
+        return "timeout"
+
+
+class TurnHead(BaseModel):
+    """The parts of a turn record the judging loop itself reads (a cheap partial parse)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    session_id: str
+    turn_index: int = Field(ge=0)
+    sample_index: int = Field(0, ge=0)
+    turn_type: TurnType = "main"
+    messages: list[dict[str, Any]]
+    response: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Same idempotency key as `TurnRecord.key`."""
+        return f"{self.session_id}:{self.turn_index}:{self.sample_index}"
+
+
+class JudgeRequest:
+    """Everything a judge may look at for one turn.
+
+    `messages`, `response` and `next_state` are always there; `turn`, the full record with
+    its token data, is parsed on first access (most judges never need it).
+    """
+
+    __slots__ = ("_raw", "_turn", "messages", "next_state", "response")
+
+    def __init__(
+        self,
+        messages: list[dict[str, Any]],
+        response: dict[str, Any],
+        next_state: NextState,
+        *,
+        turn: TurnRecord | None = None,
+        raw: str | None = None,
+    ) -> None:
+        if turn is None and raw is None:
+            raise ValueError("a JudgeRequest needs the turn record or its raw JSON")
+        self.messages = messages
+        self.response = response
+        self.next_state = next_state
+        self._turn = turn
+        self._raw = raw
+
+    @classmethod
+    def for_turn(cls, turn: TurnRecord, next_state: NextState) -> JudgeRequest:
+        """A request for a parsed turn record."""
+        return cls(turn.messages, turn.response, next_state, turn=turn)
+
+    @property
+    def turn(self) -> TurnRecord:
+        """The whole turn record (session, token ids, log-probs, versions, timings)."""
+        if self._turn is None:
+            assert self._raw is not None
+            self._turn = TurnRecord.model_validate_json(self._raw)
+        return self._turn
+
+    @property
+    def signal(self) -> Signal:
+        """Shorthand for `next_state.signal`."""
+        return self.next_state.signal
+
+
+@dataclass
+class JudgeResult:
+    """A judge's verdict on one turn.
+
+    `decisive` results replace the weighted combination of the other judges (explicit
+    feedback wins over inferred signals); `votes` are the individual votes of a voting judge.
+    """
+
+    score: float
+    step_scores: list[float] | None = None
+    hint: str | None = None
+    votes: list[float] | None = None
+    decisive: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """A process reward model: scores one turn from its request, response and next state.
+
+    Optional: `async def aclose(self) -> None`, called at shutdown; `inline = True` for a
+    judge that never awaits I/O (the loop then skips the per-turn task it uses to overlap
+    slow judges such as the LLM judge).
+    """
+
+    name: str
+
+    async def score(self, request: JudgeRequest) -> JudgeResult | None:
+        """Score in [-1, 1] (plus optional extras), or None for no opinion on this turn."""
+        ...
+
+
+def _finite_in_range(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise JudgeError(f"{what} is not a number: {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or not -1.0 <= number <= 1.0:
+        raise JudgeError(f"{what} must be finite and within [-1, 1], got {number!r}")
+    return number
+
+
+def validate_result(judge_name: str, result: object) -> JudgeResult | None:
+    """Check a judge's return value; anything malformed raises JudgeError."""
+    if result is None:
+        return None
+    if not isinstance(result, JudgeResult):
+        raise JudgeError(f"judge {judge_name!r} returned {type(result).__name__}, not JudgeResult")
+    result.score = _finite_in_range(result.score, f"score of judge {judge_name!r}")
+    for attr in ("step_scores", "votes"):
+        values = getattr(result, attr)
+        if values is not None:
+            checked = [_finite_in_range(v, f"{attr} of judge {judge_name!r}") for v in values]
+            setattr(result, attr, checked)
+    if result.hint is not None and not isinstance(result.hint, str):
+        raise JudgeError(f"hint of judge {judge_name!r} is not a string")
+    return result
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message (string content or the text parts of a content list)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+        return "\n".join(p for p in parts if isinstance(p, str))
+    return ""

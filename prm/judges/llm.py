@@ -1,0 +1,202 @@
+"""The `llm` judge: LLM-as-judge over any OpenAI-compatible endpoint, with m-vote majority.
+
+By default it asks this LiveLoop server itself (`http://{host}:{port}/v1`); its own judging
+requests carry `X-LiveLoop-Train: false` so they are never recorded as training traffic.
+Each of the m votes is a separate chat request; a vote that is malformed, errors or times
+out is discarded, the majority of the valid votes wins and a tie gives 0. With no valid
+vote the judge fails (and the turn is retried by the judging loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from liveloop.config.prm import LLMJudgeConfig
+from prm.judges.base import JudgeError, JudgeRequest, JudgeResult, message_text
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from liveloop.config import LiveLoopSettings
+
+VERDICTS = {"good": 1.0, "bad": -1.0, "neutral": 0.0}
+NO_TRAIN_HEADER = {"X-LiveLoop-Train": "false"}
+
+SYSTEM_PROMPT = (
+    "You review one reply of an AI assistant. You see the conversation so far, the "
+    "assistant's reply, and what happened next: the user's next message, tool results, "
+    "explicit feedback, or nothing. Judge whether the reply helped the user. Answer with a "
+    "single word on the first line: GOOD, BAD or NEUTRAL."
+)
+
+_LABELLED = re.compile(r"(?:verdict|answer|rating)\W{0,3}(good|bad|neutral)\b", re.IGNORECASE)
+_WORD = re.compile(r"\b(good|bad|neutral)\b", re.IGNORECASE)
+_FIRST_WORD = re.compile(r"^[\s*_`#>\"'(\[]*([a-z]+)", re.IGNORECASE)
+
+
+def _from_json(text: str) -> float | None:
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        obj = json.loads(text[start : end + 1])
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    verdict = obj.get("verdict")
+    if isinstance(verdict, str) and verdict.strip().lower() in VERDICTS:
+        return VERDICTS[verdict.strip().lower()]
+    score = obj.get("score")
+    if isinstance(score, int | float) and not isinstance(score, bool) and -1 <= score <= 1:
+        return float(score)
+    return None
+
+
+def parse_vote(text: str | None) -> float | None:
+    """One vote from a judge reply: 1 (good), -1 (bad), 0 (neutral), or None if malformed.
+
+    Accepted, in order: a JSON object with `verdict` or `score`; "verdict: X"; a reply whose
+    first word is a verdict (and its first line names no other); a reply that names exactly one distinct verdict word.
+    """
+    if not text or not text.strip():
+        return None
+    found = _from_json(text)
+    if found is not None:
+        return found
+    labelled = _LABELLED.search(text)
+    if labelled:
+        return VERDICTS[labelled.group(1).lower()]
+    first = _FIRST_WORD.match(text)
+    first_line = {w.lower() for w in _WORD.findall(text.strip().splitlines()[0])}
+    if first and first.group(1).lower() in VERDICTS and len(first_line) == 1:
+        return VERDICTS[first.group(1).lower()]
+    words = {w.lower() for w in _WORD.findall(text)}
+    if len(words) == 1:
+        return VERDICTS[words.pop()]
+    return None
+
+
+def vote_class(vote: float) -> int:
+    """The side a vote is on: -1, 0 or 1 (votes within 1/3 of zero are neutral)."""
+    if vote > 1 / 3:
+        return 1
+    if vote < -1 / 3:
+        return -1
+    return 0
+
+
+def majority(votes: list[float]) -> tuple[float, float]:
+    """(majority side, disagreement = share of votes not on that side); a tie gives 0."""
+    counts = Counter(vote_class(v) for v in votes)
+    ranked = counts.most_common()
+    tied = len(ranked) > 1 and ranked[1][1] == ranked[0][1]
+    winner = 0 if tied else ranked[0][0]
+    return float(winner), 1.0 - counts.get(winner, 0) / len(votes)
+
+
+def _cut(text: str, limit: int, keep_end: bool = False) -> str:
+    if len(text) <= limit:
+        return text
+    return "…" + text[-limit:] if keep_end else text[:limit] + "…"
+
+
+def render_messages(messages: list[dict[str, Any]]) -> str:
+    """Messages as `role: text` lines, tool calls included."""
+    lines = []
+    for m in messages:
+        text = message_text(m)
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {}) if isinstance(call, dict) else {}
+            text += f"\n[tool call {fn.get('name')}({fn.get('arguments', '')})]"
+        lines.append(f"{m.get('role', '?')}: {text.strip()}")
+    return "\n".join(lines)
+
+
+def build_prompt(request: JudgeRequest, max_chars: int) -> list[dict[str, str]]:
+    """The judge conversation: the user's request, the response and the next state."""
+    state = request.next_state
+    if state.feedback is not None:
+        comment = f" ({state.feedback.comment})" if state.feedback.comment else ""
+        nxt = f"explicit feedback from the user: {state.feedback.score:+.2f}{comment}"
+    elif state.messages:
+        nxt = render_messages(state.messages)
+    else:
+        nxt = "(nothing: the conversation ended without a reply)"
+    body = (
+        f"## Conversation\n{_cut(render_messages(request.messages), max_chars, keep_end=True)}\n\n"
+        f"## Assistant reply\n{_cut(render_messages([request.response]), max_chars)}\n\n"
+        f"## What happened next\n{_cut(nxt, max_chars)}\n\n"
+        "Verdict (GOOD, BAD or NEUTRAL):"
+    )
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": body}]
+
+
+def default_base_url(settings: LiveLoopSettings) -> str:
+    """This LiveLoop server's /v1 (a wildcard bind address is reached through loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, settings.host)
+    return f"http://{host}:{settings.port}/v1"
+
+
+class LLMJudge:
+    """m votes from an OpenAI-compatible chat model; majority wins, ties give 0."""
+
+    name = "llm"
+
+    def __init__(self, settings: LiveLoopSettings, config: LLMJudgeConfig | None = None) -> None:
+        from openai import AsyncOpenAI
+
+        self.config = config or settings.prm.llm
+        self.model = self.config.model or settings.model
+        self.base_url = self.config.base_url or default_base_url(settings)
+        self._limit = asyncio.Semaphore(self.config.concurrency)
+        self.client: AsyncOpenAI = AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self.config.api_key,
+            timeout=self.config.timeout_s,
+            max_retries=0,
+            default_headers=NO_TRAIN_HEADER,
+        )
+
+    async def score(self, request: JudgeRequest) -> JudgeResult | None:
+        """Ask for `votes` verdicts concurrently and take the majority."""
+        prompt = build_prompt(request, self.config.max_chars)
+        outcomes = await asyncio.gather(*(self._vote(prompt, i) for i in range(self.config.votes)))
+        votes = [v for v in outcomes if isinstance(v, float)]
+        if not votes:
+            reasons = "; ".join(sorted({str(o) for o in outcomes}))
+            raise JudgeError(f"no valid vote from {self.base_url} ({reasons})")
+        score, disagreement = majority(votes)
+        return JudgeResult(
+            score=score,
+            votes=votes,
+            hint=f"{len(votes)}/{self.config.votes} valid votes",
+            extra={"disagreement": disagreement},
+        )
+
+    async def _vote(self, prompt: list[dict[str, str]], index: int) -> float | str:
+        """One vote, or a short reason why it was discarded."""
+        try:
+            async with self._limit, asyncio.timeout(self.config.timeout_s):
+                reply = await self.client.chat.completions.create(
+                    model=self.model,
+                    messages=prompt,  # type: ignore[arg-type]
+                    max_tokens=self.config.max_tokens,
+                    temperature=self.config.temperature,
+                    seed=index,
+                )
+        except TimeoutError:
+            return "timeout"
+        except Exception as exc:  # any transport or API error discards this vote
+            return f"{type(exc).__name__}: {str(exc)[:200]}"
+        text = reply.choices[0].message.content if reply.choices else None
+        vote = parse_vote(text)
+        return "malformed vote" if vote is None else vote
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.client.close()

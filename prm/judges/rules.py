@@ -1,0 +1,90 @@
+"""The `rules` judge: cheap pattern rules over what followed a turn.
+
+Each new message after the turn gets a step score: a user reply that corrects the assistant
+("no, that's wrong", "try again", "too long") scores `correction_score`, thanks or approval
+scores `approval_score`, anything else `neutral_score`; a tool result that shows an error
+(traceback, non-zero exit code, "error:") scores `tool_error_score`, else `tool_ok_score`.
+The turn's score is the mean of its step scores. Explicit feedback gives its own score, and
+a turn with no next state gets `timeout_score` (or no opinion when that is unset).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from liveloop.config.prm import RulesJudgeConfig
+from prm.judges.base import JudgeRequest, JudgeResult, message_text
+
+if TYPE_CHECKING:
+    from liveloop.config import LiveLoopSettings
+
+TOOL_ROLES = frozenset({"tool", "function", "ipython"})
+
+
+def _compile(patterns: list[str]) -> re.Pattern[str] | None:
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE | re.MULTILINE)
+
+
+class RulesJudge:
+    """Regex rules for corrections, approval and tool errors; scores in [-1, 1]."""
+
+    inline = True  # never awaits: the loop may run it without a task per turn
+    name = "rules"
+
+    def __init__(
+        self, settings: LiveLoopSettings | None = None, config: RulesJudgeConfig | None = None
+    ) -> None:
+        if config is None:
+            config = settings.prm.rules if settings is not None else RulesJudgeConfig()
+        self.config = config
+        self._correction = _compile(config.correction_patterns)
+        self._approval = _compile(config.approval_patterns)
+        self._tool_error = _compile(config.tool_error_patterns)
+
+    async def score(self, request: JudgeRequest) -> JudgeResult | None:
+        """Score from feedback, else from the next messages, else the timeout score."""
+        state = request.next_state
+        if state.feedback is not None:
+            return JudgeResult(score=state.feedback.score, hint="explicit feedback")
+        if state.messages is None:
+            if self.config.timeout_score is None:
+                return None
+            return JudgeResult(score=self.config.timeout_score, hint="no next state")
+        return self.score_messages(state.messages)
+
+    def score_messages(self, messages: list[dict[str, Any]]) -> JudgeResult:
+        """Step scores of the new messages and their mean."""
+        steps: list[float] = []
+        hints: list[str] = []
+        for message in messages:
+            score, hint = self._score_message(message)
+            if score is None:
+                continue
+            steps.append(score)
+            if hint:
+                hints.append(hint)
+        if not steps:
+            return JudgeResult(score=self.config.neutral_score, hint="no user reply or tool result")
+        mean = max(-1.0, min(1.0, sum(steps) / len(steps)))
+        return JudgeResult(score=mean, step_scores=steps, hint="; ".join(hints) or None)
+
+    def _score_message(self, message: dict[str, Any]) -> tuple[float | None, str | None]:
+        role = message.get("role")
+        text = message_text(message)
+        if role in TOOL_ROLES:
+            found = self._tool_error.search(text) if self._tool_error else None
+            if found:
+                return self.config.tool_error_score, f"tool error: {found.group(0).strip()!r}"
+            return self.config.tool_ok_score, None
+        if role != "user":
+            return None, None
+        found = self._correction.search(text) if self._correction else None
+        if found:
+            return self.config.correction_score, f"correction: {found.group(0).strip()!r}"
+        found = self._approval.search(text) if self._approval else None
+        if found:
+            return self.config.approval_score, f"approval: {found.group(0).strip()!r}"
+        return self.config.neutral_score, None

@@ -1,0 +1,206 @@
+"""Judges without Redis: next-state extraction, rules, vote parsing, validation, the panel."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from liveloop.config import ConfigError, load_settings
+from liveloop.contracts import Feedback, ScoredTurn
+from prm.judges import JudgeError, JudgeRequest, JudgeResult, NextState, TurnHead, load_judges
+from prm.judges.feedback import FeedbackJudge
+from prm.judges.llm import majority, parse_vote
+from prm.judges.rules import RulesJudge
+from prm.metrics import PrmMetrics
+from prm.nextstate import new_messages
+from prm.panel import JudgePanel
+from prm.scorer import make_scored, scored_fields
+from prm.synthetic import conversation, make_turn, tool, user
+
+
+def request_with(
+    messages: list[dict[str, Any]] | None, feedback: Feedback | None = None
+) -> JudgeRequest:
+    turn = make_turn("s", 0, [user("question")], "reply")
+    return JudgeRequest.for_turn(turn, NextState(messages=messages, feedback=feedback))
+
+
+def fb(score: float) -> Feedback:
+    return Feedback(session_id="s", turn_index=0, score=score, tenant="t", comment="from a user")
+
+
+def test_new_messages_follow_the_previous_request_and_reply() -> None:
+    turns = conversation("s", [user("a"), [tool("out 1", "c1"), tool("out 2", "c2")], user("b")])
+    assert new_messages(turns[0].messages, turns[1].messages) == [
+        tool("out 1", "c1"),
+        tool("out 2", "c2"),
+    ]
+    assert new_messages(turns[1].messages, turns[2].messages) == [user("b")]
+    # A client that trimmed its history: the messages after the last assistant message.
+    trimmed = [{"role": "assistant", "content": "x"}, user("thanks")]
+    assert new_messages(turns[1].messages, trimmed) == [user("thanks")]
+
+
+@pytest.mark.parametrize(
+    ("messages", "score", "hint"),
+    [
+        ([user("No, that's wrong.")], -1.0, "correction"),
+        ([user("please try again")], -1.0, "correction"),
+        ([user("way too long")], -1.0, "correction"),
+        ([user("Thanks, perfect!")], 1.0, "approval"),
+        ([user("exactly what I needed")], 1.0, "approval"),
+        ([user("thanks, but that's not what I asked")], -1.0, "correction"),
+        ([user("and how do I deploy it?")], 0.0, None),
+        ([tool("Traceback (most recent call last):\n  ...\nKeyError: 'x'")], -1.0, "tool error"),
+        ([tool("process exited with code 2")], -1.0, "tool error"),
+        ([tool("error: file not found")], -1.0, "tool error"),
+        ([tool("exit code 0\nall good")], 0.25, None),
+    ],
+)
+async def test_rules_judge_patterns(
+    messages: list[dict[str, Any]], score: float, hint: str | None
+) -> None:
+    result = await RulesJudge().score(request_with(messages))
+    assert result is not None
+    assert result.score == pytest.approx(score)
+    assert result.step_scores == [pytest.approx(score)]
+    assert (result.hint or "").startswith(hint) if hint else result.hint is None
+
+
+async def test_rules_judge_steps_feedback_and_timeout() -> None:
+    judge = RulesJudge()
+    mixed = await judge.score(request_with([tool("ok"), tool("error: boom")]))
+    assert mixed is not None and mixed.step_scores == [0.25, -1.0]
+    assert mixed.score == pytest.approx(-0.375)
+    from_feedback = await judge.score(request_with(None, fb(0.4)))
+    assert from_feedback is not None and from_feedback.score == 0.4
+    timed_out = await judge.score(request_with(None))
+    assert timed_out is not None and timed_out.score == 0.0
+    settings = load_settings(prm={"rules": {"timeout_score": None}})
+    assert await RulesJudge(settings).score(request_with(None)) is None
+
+
+async def test_feedback_judge_is_decisive_only_with_feedback() -> None:
+    assert await FeedbackJudge().score(request_with([user("thanks")])) is None
+    result = await FeedbackJudge().score(request_with(None, fb(-0.5)))
+    assert result is not None and result.decisive and result.score == -0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "vote"),
+    [
+        ("GOOD", 1.0),
+        ("**Bad** - the reply ignored the question", -1.0),
+        ("Verdict: neutral", 0.0),
+        ('{"verdict": "good", "reason": "x"}', 1.0),
+        ('{"score": -0.5}', -0.5),
+        ("I think this was good.", 1.0),
+        ("good or bad, hard to say", None),
+        ("", None),
+        ("no idea", None),
+    ],
+)
+def test_parse_vote(text: str, vote: float | None) -> None:
+    assert parse_vote(text) == vote
+
+
+def test_majority_and_ties() -> None:
+    assert majority([1.0, 1.0, -1.0]) == (1.0, pytest.approx(1 / 3))
+    assert majority([1.0, -1.0]) == (0.0, 1.0)
+    assert majority([1.0, -1.0, 0.0]) == (0.0, pytest.approx(2 / 3))
+    assert majority([-1.0]) == (-1.0, 0.0)
+
+
+class FixedJudge:
+    """A judge that returns whatever it was given."""
+
+    def __init__(self, name: str, result: Any) -> None:
+        self.name = name
+        self.result = result
+
+    async def score(self, request: JudgeRequest) -> Any:
+        return self.result
+
+
+@pytest.mark.parametrize("bad", [1.5, -2.0, math.nan, math.inf, True, "0.5"])
+async def test_invalid_judge_output_is_a_failure(bad: Any) -> None:
+    metrics = PrmMetrics(CollectorRegistry())
+    panel = JudgePanel([(FixedJudge("bad", JudgeResult(score=bad)), 1.0)], metrics)
+    with pytest.raises(JudgeError, match="bad"):
+        await panel.judge(request_with([user("hi")]))
+    assert (
+        metrics.registry.get_sample_value("liveloop_prm_judge_failures_total", {"judge": "bad"})
+        == 1
+    )
+    wrong_type = JudgePanel([(FixedJudge("t", 0.5), 1.0)], metrics)
+    with pytest.raises(JudgeError, match="not JudgeResult"):
+        await wrong_type.judge(request_with([user("hi")]))
+
+
+async def test_panel_weights_and_decisive_feedback() -> None:
+    metrics = PrmMetrics(CollectorRegistry())
+    panel = JudgePanel(
+        [
+            (FixedJudge("a", JudgeResult(score=1.0, hint="up")), 3.0),
+            (FixedJudge("b", JudgeResult(score=-1.0, step_scores=[-1.0])), 1.0),
+            (FixedJudge("none", None), 5.0),
+        ],
+        metrics,
+    )
+    verdict = await panel.judge(request_with([user("hi")]))
+    assert verdict is not None
+    assert (verdict.score, verdict.judge, verdict.step_scores) == (0.5, "a+b", [-1.0])
+    with_feedback = JudgePanel([(FeedbackJudge(), 1.0), (RulesJudge(), 1.0)], metrics)
+    verdict = await with_feedback.judge(request_with([user("thanks")], fb(-0.25)))
+    assert verdict is not None and (verdict.score, verdict.judge) == (-0.25, "feedback")
+    nobody = JudgePanel([(FixedJudge("none", None), 1.0)], metrics)
+    assert await nobody.judge(request_with([user("hi")])) is None
+
+
+def test_unknown_judge_lists_the_available_ones() -> None:
+    settings = load_settings(prm={"judges": {"rules": 1.0, "nope": 1.0}})
+    with pytest.raises(ConfigError) as err:
+        load_judges(settings.prm.judges, settings)
+    message = str(err.value)
+    assert "unknown judge 'nope'" in message and "\n" not in message
+    assert "available judges: feedback, llm, rules" in message
+    judges = load_judges({"rules": 2.0, "feedback": 1.0}, settings)
+    assert [(j.name, w) for j, w in judges] == [("rules", 2.0), ("feedback", 1.0)]
+
+
+def test_judging_config_is_checked() -> None:
+    with pytest.raises(ConfigError, match=r"prm\.rules\.approval_patterns"):
+        load_settings(prm={"rules": {"approval_patterns": ["(unclosed"]}})
+    with pytest.raises(ConfigError, match=r"prm\.judges"):
+        load_settings(prm={"judges": {"rules": 0}})
+    with pytest.raises(ConfigError, match=r"prm\.judges"):
+        load_settings(prm={"judges": {}})
+
+
+async def test_scored_entry_keeps_the_turn_and_adds_the_verdict() -> None:
+    turn = make_turn("s", 3, [user("question")], "reply", completion_tokens=5)
+    raw = turn.model_dump_json()
+    request = JudgeRequest(
+        turn.messages, turn.response, NextState(messages=[user("thanks")]), raw=raw
+    )
+    verdict = await JudgePanel([(RulesJudge(), 1.0)], PrmMetrics(CollectorRegistry())).judge(
+        request
+    )
+    assert verdict is not None
+    fields = scored_fields(request, TurnHead.model_validate_json(raw), raw, verdict)
+    fast = ScoredTurn.model_validate_json(fields["data"])
+    slow = make_scored(turn, verdict, "next_turn")
+    assert fast.model_dump(exclude={"judged_at"}) == slow.model_dump(exclude={"judged_at"})
+    assert fast.completion_token_ids == turn.completion_token_ids and fast.score == 1.0
+    assert (fields["session_id"], fields["turn_index"], fields["signal"]) == ("s", "3", "next_turn")
+    # A record whose text mentions a verdict field takes the slow path, same result.
+    tricky = make_turn("s", 3, [user('{"score": 2}')], "reply")
+    raw = tricky.model_dump_json()
+    request = JudgeRequest(tricky.messages, tricky.response, NextState(messages=[]), raw=raw)
+    fields = scored_fields(request, TurnHead.model_validate_json(raw), raw, verdict)
+    assert json.loads(fields["data"])["messages"] == tricky.messages
+    assert ScoredTurn.model_validate_json(fields["data"]).score == 1.0
