@@ -1,0 +1,79 @@
+"""The `liveloop` command: one-line errors with non-zero exits, and `liveloop redis`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+CLI = [sys.executable, "-m", "liveloop.cli"]
+
+
+def run_cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert lines, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert needle in lines[-1], proc.stderr
+
+
+def test_unknown_config_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[trainer]\nlearning_rate = 0.1\n")
+    assert_one_line_error(
+        run_cli("train", "--config", str(cfg)), "trainer.learning_rate: unknown setting"
+    )
+
+
+def test_bad_flag_value_names_the_key(tmp_path: Path) -> None:
+    env = dict(os.environ, LIVELOOP_SERVER__MAX_BATCH_SIZE="zero")
+    assert_one_line_error(run_cli("serve", env=env), "server.max_batch_size")
+
+
+def test_liveloop_redis_runs_in_foreground_and_stops(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*CLI, "redis", "--data-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "embedded Valkey at redis://" in line
+        url = line.split(" at ")[1].split()[0]
+        client = redis.Redis.from_url(url)
+        assert client.ping()
+        client.close()
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        for child in children:
+            assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("command", ["judge", "collect", "train"])
+def test_unreachable_redis_is_one_line(command: str, tmp_path: Path) -> None:
+    proc = run_cli(
+        command,
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+        "--data-dir",
+        str(tmp_path),
+        "--model",
+        "tiny-random",
+    )
+    assert_one_line_error(proc, "cannot reach Redis")
