@@ -103,7 +103,9 @@ class ServerState:
         self.capture = cfg.trace_capture
         self.redis = await connect_redis(self.settings.redis_url)
         self._closers.append(self.redis.aclose)
-        loaded = self.preloaded or await asyncio.to_thread(load_model, self.settings.model, cfg.device)
+        loaded = self.preloaded
+        if loaded is None:
+            loaded = await asyncio.to_thread(load_model, self.settings.model, cfg.device)
         self.preloaded = None
         self.model_name = served_model_name(self.settings.model)
         self.engine = TorchEngine(
@@ -132,7 +134,9 @@ class ServerState:
             capture=lambda: 1.0 if self.capture else 0.0,
         )
         self.ready = True
-        log.info("serving %s (policy v%d) on the torch engine", self.model_name, self.engine.version)
+        log.info(
+            "serving %s (policy v%d) on the torch engine", self.model_name, self.engine.version
+        )
 
     def _chat_service(self, loaded: LoadedModel, template: Any) -> ChatService:
         return ChatService(
@@ -156,7 +160,9 @@ class ServerState:
             try:
                 await closer()
             except Exception:
-                log.exception("error while shutting down %s", getattr(closer, "__qualname__", closer))
+                log.exception(
+                    "error while shutting down %s", getattr(closer, "__qualname__", closer)
+                )
 
 
 class PolicyVersionHeader:

@@ -61,7 +61,9 @@ class Authenticator:
     def check_admin(self, token: str | None) -> None:
         """Raise unless the token is the admin key (403 when the admin API is off)."""
         if self._admin is None:
-            raise APIError(403, "the admin API is disabled: set LIVELOOP_ADMIN_KEY", code="admin_disabled")
+            raise APIError(
+                403, "the admin API is disabled: set LIVELOOP_ADMIN_KEY", code="admin_disabled"
+            )
         if not token or not hmac.compare_digest(self._admin, _digest(token)):
             raise APIError(401, "admin routes need the admin key", code="invalid_api_key")
 
@@ -135,7 +137,10 @@ class BodySizeLimit:
                 code="request_too_large",
             )
         ).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -3,9 +3,11 @@
 A request names its session with `X-Session-Id` (or `metadata.session_id`); without one,
 it joins the session of an earlier turn whose messages (request + the assistant reply) are
 a prefix of its own messages, found by a chain hash of the message list; otherwise a new
-session starts. Session state lives in Redis with a TTL: the owning tenant, the number of
-assistant turns (the next `turn_index`), and for each served sample the prompt and
-completion token ids, so the next turn's prompt can extend them token-exactly.
+session starts. Session state lives in Redis with a TTL: the owning tenant and the number
+of assistant turns (the next `turn_index`, taken only once a request has passed
+validation, so failed requests leave no gaps), and, per served sample, an index entry
+keyed by tenant + chain hash holding the prompt and completion token ids, so the next
+turn's prompt can extend them token-exactly.
 
 Redis trouble never fails a request: the store degrades to new sessions and per-process
 turn counters for a short while and logs it.
@@ -35,31 +37,16 @@ REDIS_TIMEOUT_S = 0.5
 BACKOFF_S = 2.0
 LOCAL_CACHE = 10_000
 
-# KEYS: prefix-index keys, longest prefix first. ARGV: tenant, ttl, explicit sid, new sid, now.
-_RESOLVE = """
-local tenant, ttl, sid, now = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[5]
-local match = ''
-for _, key in ipairs(KEYS) do
-  local v = redis.call('GET', key)
-  if v then
-    local nl = string.find(v, '\\n', 1, true)
-    local vsid = string.sub(v, 1, nl - 1)
-    if sid == '' or sid == vsid then
-      sid = vsid
-      match = v
-      break
-    end
-  end
-end
-if sid == '' then sid = ARGV[4] end
-local skey = 'liveloop:session:' .. sid
+# ARGV: session id, tenant, ttl, now. Returns the turn index, or -1 for another tenant's session.
+_ALLOCATE = """
+local skey = 'liveloop:session:' .. ARGV[1]
 local owner = redis.call('HGET', skey, 'tenant')
-if owner and owner ~= tenant then return {'forbidden', sid, -1, ''} end
-if not owner then redis.call('HSET', skey, 'tenant', tenant, 'created_at', now) end
+if owner and owner ~= ARGV[2] then return -1 end
+if not owner then redis.call('HSET', skey, 'tenant', ARGV[2], 'created_at', ARGV[4]) end
 local idx = redis.call('HINCRBY', skey, 'turns', 1) - 1
-redis.call('HSET', skey, 'updated_at', now)
-redis.call('EXPIRE', skey, ttl)
-return {'ok', sid, idx, match}
+redis.call('HSET', skey, 'updated_at', ARGV[4])
+redis.call('EXPIRE', skey, tonumber(ARGV[3]))
+return idx
 """
 
 
@@ -71,6 +58,7 @@ class SessionForbidden(PermissionError):
 class PreviousTurn:
     """The served sample a request continues: its token ids, for token-exact extension."""
 
+    session_id: str
     turn_index: int
     sample_index: int
     prompt_token_ids: list[int]
@@ -83,7 +71,6 @@ class SessionTurn:
 
     session_id: str
     turn_index: int
-    previous: PreviousTurn | None = None
     linked: bool = False  # joined an earlier session by prefix match
 
 
@@ -142,7 +129,7 @@ class SessionStore:
     def __init__(self, client: aredis.Redis, ttl_s: int) -> None:
         self.client = client
         self.ttl_s = ttl_s
-        self._script = client.register_script(_RESOLVE)
+        self._script = client.register_script(_ALLOCATE)
         self._down_until = 0.0
         self._local_turns: OrderedDict[str, int] = OrderedDict()
 
@@ -164,38 +151,52 @@ class SessionStore:
         while len(self._local_turns) > LOCAL_CACHE:
             self._local_turns.popitem(last=False)
 
-    def _local_turn(self, session_id: str | None) -> SessionTurn:
-        sid = session_id or new_session_id()
+    def _local_turn(self, sid: str) -> SessionTurn:
         index = self._local_turns.get(sid, -1) + 1
         self._note_turn(sid, index)
         return SessionTurn(sid, index)
 
-    async def resolve(
+    async def lookup(
         self, tenant: str, messages: Sequence[dict[str, Any]], session_id: str | None
-    ) -> SessionTurn:
-        """Find or create the session of a request and allocate its turn index."""
+    ) -> PreviousTurn | None:
+        """The latest served sample whose (messages + reply) prefix these messages, if any.
+
+        With an explicit session id only samples of that session count.
+        """
         digests = chain_hashes(messages)
         keys = [
             self._prefix_key(tenant, digests[i])
             for i in range(len(messages) - 1, -1, -1)
             if messages[i].get("role") == "assistant"
         ]
-        if not self._available():
-            return self._local_turn(session_id)
-        args = [tenant, self.ttl_s, session_id or "", new_session_id(), f"{time.time():.3f}"]
+        if not keys or not self._available():
+            return None
         try:
-            reply = await asyncio.wait_for(self._script(keys, args), REDIS_TIMEOUT_S)
+            values = await asyncio.wait_for(self.client.mget(keys), REDIS_TIMEOUT_S)
         except (redis.RedisError, OSError, TimeoutError) as exc:
-            self._failed("resolve", exc)
-            return self._local_turn(session_id)
-        status, sid, index, match = reply
-        if status == "forbidden":
+            self._failed("lookup", exc)
+            return None
+        for value in values:
+            previous = _parse_previous(str(value)) if value else None
+            if previous is not None and session_id in (None, previous.session_id):
+                return previous
+        return None
+
+    async def allocate(self, tenant: str, session_id: str | None) -> SessionTurn:
+        """Create or join a session and take the next turn index; SessionForbidden if not ours."""
+        sid = session_id or new_session_id()
+        if not self._available():
+            return self._local_turn(sid)
+        args: list[str | int] = [sid, tenant, self.ttl_s, f"{time.time():.3f}"]
+        try:
+            index = int(await asyncio.wait_for(self._script(keys=[], args=args), REDIS_TIMEOUT_S))
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            self._failed("allocate", exc)
+            return self._local_turn(sid)
+        if index < 0:
             raise SessionForbidden(f"session {sid} belongs to another tenant")
-        self._note_turn(str(sid), int(index))
-        turn = SessionTurn(str(sid), int(index), linked=bool(match) and session_id is None)
-        if match:
-            turn.previous = _parse_previous(str(match))
-        return turn
+        self._note_turn(sid, index)
+        return SessionTurn(sid, index)
 
     async def remember(
         self,
@@ -230,13 +231,15 @@ class SessionStore:
     async def owner(self, session_id: str) -> tuple[str | None, int]:
         """(tenant owning the session or None if unknown, number of turns); raises on Redis errors."""
         tenant, turns = await self.client.hmget(SESSION_PREFIX + session_id, ["tenant", "turns"])  # type: ignore[misc]
-        return tenant, int(turns or 0)
+        return (str(tenant) if tenant is not None else None), int(turns or 0)
 
 
 def _parse_previous(value: str) -> PreviousTurn | None:
     try:
-        data = json.loads(value.split("\n", 1)[1])
+        sid, payload = value.split("\n", 1)
+        data = json.loads(payload)
         return PreviousTurn(
+            session_id=sid,
             turn_index=int(data["turn_index"]),
             sample_index=int(data["sample_index"]),
             prompt_token_ids=[int(t) for t in data["prompt_token_ids"]],

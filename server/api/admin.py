@@ -44,7 +44,9 @@ async def load_weights(body: LoadWeightsRequest, request: Request) -> dict[str, 
     try:
         version = await state.follower.load(body.path, body.version)
     except CheckpointError as exc:
-        raise APIError(400, f"checkpoint refused: {exc}", param="path", code="invalid_checkpoint") from None
+        raise APIError(
+            400, f"checkpoint refused: {exc}", param="path", code="invalid_checkpoint"
+        ) from None
     return {"version": int(version), "history": list(state.follower.history)}
 
 

@@ -65,9 +65,19 @@ async def post_feedback(
     state = get_state(request)
     owner, turns = await _owner(state, body.session_id)
     if owner is None or turns == 0:
-        raise APIError(404, f"session {body.session_id!r} not found", param="session_id", code="session_not_found")
+        raise APIError(
+            404,
+            f"session {body.session_id!r} not found",
+            param="session_id",
+            code="session_not_found",
+        )
     if owner != tenant:
-        raise APIError(403, f"session {body.session_id!r} belongs to another tenant", param="session_id", code="session_forbidden")
+        raise APIError(
+            403,
+            f"session {body.session_id!r} belongs to another tenant",
+            param="session_id",
+            code="session_forbidden",
+        )
     turn_index = turns - 1 if body.turn_index is None else body.turn_index
     if turn_index >= turns:
         raise APIError(

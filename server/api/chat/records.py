@@ -92,7 +92,9 @@ def turn_record(
     )
 
 
-def served_sample(prep: PreparedChat, sample: SampleState, finished: FinishedSample) -> ServedSample:
+def served_sample(
+    prep: PreparedChat, sample: SampleState, finished: FinishedSample
+) -> ServedSample:
     """What the session store indexes so a follow-up can extend this sample."""
     return ServedSample(
         sample_index=sample.index,

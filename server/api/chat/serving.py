@@ -32,7 +32,13 @@ from server.api.errors import APIError, bad_request
 from server.engine import ContextLengthError, EngineError, SamplingParams, TokenOutput
 from server.metrics import ServerMetrics
 from server.prompting import BuiltPrompt, PromptBuilder
-from server.sessions import SessionForbidden, SessionStore, SessionTurn, new_session_id
+from server.sessions import (
+    PreviousTurn,
+    SessionForbidden,
+    SessionStore,
+    SessionTurn,
+    new_session_id,
+)
 from server.tools import ToolRequestError, build_constraint
 
 SEED_MOD = 2**63
@@ -56,22 +62,6 @@ def engine_error(exc: EngineError) -> APIError:
     if isinstance(exc, ValueError):
         return bad_request(str(exc), code="invalid_value")
     return APIError(503, f"engine unavailable: {exc}", code="engine_unavailable")
-
-
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them: text content as a string, developer = system."""
-    out = []
-    for m in messages:
-        msg = dict(m)
-        if msg["role"] == "developer":
-            msg["role"] = "system"
-        content = msg.get("content")
-        if isinstance(content, list):
-            msg["content"] = "".join(str(p.get("text", "")) for p in content)
-        elif content is None:
-            msg["content"] = ""
-        out.append(msg)
-    return out
 
 
 class ChatService:
@@ -118,9 +108,10 @@ class ChatService:
         messages = [m.model_dump(exclude_none=True, by_alias=True) for m in request.messages]
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
         constraint = self._constraint(request, tools)
-        session = await self._session(ctx, messages)
-        prompt = self._build_prompt(messages, tools, session)
+        previous = await self._previous(ctx, messages)
+        prompt = self._build_prompt(messages, tools, previous)
         params = self._sampling_params(request, len(prompt.token_ids), constraint)
+        session = await self._session(ctx, previous)
         headers = {"X-Session-Id": session.session_id, "X-Turn-Index": str(session.turn_index)}
         return PreparedChat(
             request_id="chatcmpl-" + uuid.uuid4().hex,
@@ -151,7 +142,9 @@ class ChatService:
                     code="invalid_value",
                 )
 
-    def _constraint(self, request: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> Any:
+    def _constraint(
+        self, request: ChatCompletionRequest, tools: list[dict[str, Any]] | None
+    ) -> Any:
         choice = request.tool_choice
         if choice is not None and choice != "none" and not tools:
             raise bad_request("tool_choice: needs a non-empty tools list", param="tool_choice")
@@ -167,36 +160,42 @@ class ChatService:
             return build_constraint(
                 self.tokenizer,
                 tools=tools if choice != "none" else None,
-                tool_choice=choice.model_dump() if choice is not None and not isinstance(choice, str) else choice,
+                tool_choice=choice.model_dump()
+                if choice is not None and not isinstance(choice, str)
+                else choice,
                 response_format=fmt.model_dump(by_alias=True) if fmt is not None else None,
             )
         except ToolRequestError as exc:
             raise bad_request(str(exc), param=exc.param or "tools", code="invalid_value") from None
 
-    async def _session(self, ctx: RequestContext, messages: list[dict[str, Any]]) -> SessionTurn:
+    async def _previous(
+        self, ctx: RequestContext, messages: list[dict[str, Any]]
+    ) -> PreviousTurn | None:
+        if not ctx.record or self.sessions is None:
+            return None
+        return await self.sessions.lookup(ctx.tenant, messages, ctx.session_id)
+
+    async def _session(self, ctx: RequestContext, previous: PreviousTurn | None) -> SessionTurn:
         if not ctx.record or self.sessions is None:
             return SessionTurn(ctx.session_id or new_session_id(), 0)
+        session_id = ctx.session_id or (previous.session_id if previous else None)
         try:
-            return await self.sessions.resolve(ctx.tenant, messages, ctx.session_id)
+            turn = await self.sessions.allocate(ctx.tenant, session_id)
         except SessionForbidden as exc:
             raise APIError(403, str(exc), param="X-Session-Id", code="session_forbidden") from None
+        turn.linked = previous is not None and ctx.session_id is None
+        return turn
 
     def _build_prompt(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        session: SessionTurn,
+        previous: PreviousTurn | None,
     ) -> BuiltPrompt:
         try:
-            prompt = self.prompts.build(template_messages(messages), tools, session.previous)
+            prompt = self.prompts.build(messages, tools, previous)
         except ToolRequestError as exc:
             raise bad_request(str(exc), param=exc.param or "messages") from None
-        except (ValueError, TypeError, KeyError) as exc:  # jinja's TemplateError is an Exception
-            raise bad_request(f"messages: the chat template cannot render them: {exc}") from None
-        except Exception as exc:
-            if type(exc).__module__.startswith("jinja2"):
-                raise bad_request(f"messages: the chat template cannot render them: {exc}") from None
-            raise
         self.metrics.prompt_mode.labels(mode=prompt.mode).inc()
         return prompt
 
@@ -220,7 +219,9 @@ class ChatService:
             temperature, top_p = 0.0, 1.0
         return [
             SamplingParams(
-                max_tokens=asked if asked is not None else min(self.config.default_max_tokens, room),
+                max_tokens=asked
+                if asked is not None
+                else min(self.config.default_max_tokens, room),
                 temperature=temperature,
                 top_p=top_p,
                 seed=None if request.seed is None else (request.seed + i) % SEED_MOD,
@@ -233,16 +234,22 @@ class ChatService:
 
     # Generation ----------------------------------------------------------------------
 
-    def start(self, prep: PreparedChat) -> tuple[list[SampleState], list[AsyncIterator[TokenOutput]]]:
+    def start(
+        self, prep: PreparedChat
+    ) -> tuple[list[SampleState], list[AsyncIterator[TokenOutput]]]:
         """Submit every sample to the engine; errors raised up front become 4xx/503."""
         samples = [
-            SampleState(i, self.token_text, prep.request.stop_list, prep.want_logprobs, prep.arrival)
+            SampleState(
+                i, self.token_text, prep.request.stop_list, prep.want_logprobs, prep.arrival
+            )
             for i in range(len(prep.params))
         ]
         iterators: list[AsyncIterator[TokenOutput]] = []
         try:
             for i, params in enumerate(prep.params):
-                iterators.append(self.engine.generate(prep.prompt.token_ids, params, f"{prep.request_id}-{i}"))
+                iterators.append(
+                    self.engine.generate(prep.prompt.token_ids, params, f"{prep.request_id}-{i}")
+                )
         except EngineError as exc:
             for it in iterators:
                 close_soon(it)
@@ -269,7 +276,9 @@ class ChatService:
                 sample.take_text()
 
         try:
-            await asyncio.gather(*(collect(s, it) for s, it in zip(samples, iterators, strict=True)))
+            await asyncio.gather(
+                *(collect(s, it) for s, it in zip(samples, iterators, strict=True))
+            )
         except EngineError as exc:
             raise engine_error(exc) from None
         finally:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
@@ -67,7 +67,9 @@ class ChatStream:
     async def events(self) -> AsyncIterator[str]:
         """The SSE events: a role chunk, token deltas, finish chunks, usage, [DONE]."""
         try:
-            role = [self._choice(s.index, {"role": "assistant", "content": ""}) for s in self.samples]
+            role = [
+                self._choice(s.index, {"role": "assistant", "content": ""}) for s in self.samples
+            ]
             yield self._event(role)
             async with contextlib.aclosing(self._tokens()) as tokens:
                 async for sample, out in tokens:
@@ -110,14 +112,18 @@ class ChatStream:
         logprobs = sample.take_logprobs() if want_lp else None
         events = []
         for i, delta in enumerate(deltas):
-            events.append(self._event([self._choice(sample.index, delta, logprobs if i == 0 else None)]))
+            events.append(
+                self._event([self._choice(sample.index, delta, logprobs if i == 0 else None)])
+            )
         if sample.finished:
             final = self._choice(sample.index, {}, logprobs if not deltas else None)
-            final["finish_reason"] = "tool_calls" if self.called_tool[sample.index] else sample.finish_reason
+            final["finish_reason"] = (
+                "tool_calls" if self.called_tool[sample.index] else sample.finish_reason
+            )
             events.append(self._event([final]))
         return events
 
-    async def _tokens(self) -> AsyncIterator[tuple[SampleState, TokenOutput]]:
+    async def _tokens(self) -> AsyncGenerator[tuple[SampleState, TokenOutput], None]:
         if len(self.iterators) == 1:
             sample = self.samples[0]
             async for out in self.iterators[0]:
