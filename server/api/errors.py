@@ -72,20 +72,35 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+UNION_TAGS = frozenset(
+    {"str", "int", "float", "bool", "none", "system", "developer", "user", "assistant", "tool"}
+    | {"text", "json_object", "json_schema"}
+)
+
+
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    # Discriminated unions add the tag (e.g. "user") to the location; it is noise to a client.
+    """A client-facing parameter path: the union branch tags pydantic adds are dropped."""
+    parts: list[str] = []
+    for i, part in enumerate(loc):
+        text = str(part)
+        before = loc[i - 1] if i else None
+        tag_position = isinstance(before, int) or before in ("response_format", "tool_choice")
+        if (i == 0 and text == "body") or "[" in text or text[:1].isupper():
+            continue
+        if text in UNION_TAGS and tag_position:
+            continue
+        parts.append(text)
     return ".".join(parts) or None
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
-    """The first validation problem as a 400 naming the parameter."""
-    errors = exc.errors()
+    """The most specific validation problem as a 400 naming the parameter."""
+    errors = list(exc.errors())
     if not errors:
         return bad_request("invalid request")
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return bad_request(f"request body is not valid JSON: {first.get('ctx', {}).get('error')}")
+    first = max(errors, key=lambda e: len(e.get("loc", ())))
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return bad_request("request body is not valid JSON")
     param = _loc_to_param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if first.get("type") == "missing":
