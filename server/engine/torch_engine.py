@@ -18,7 +18,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from torch import nn
 
 from server.engine.forward import LlamaRunner
 from server.engine.sampling import Sampled, find_stop_string, sample_batch
+from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all, settle
 from server.engine.types import (
     ContextLengthError,
     EngineError,
@@ -36,73 +36,6 @@ from server.engine.types import (
 from server.engine.weights import WeightSpec
 
 MAX_TOP_LOGPROBS = 20
-
-
-@dataclass(eq=False)
-class _Request:
-    """A request's state, shared by its consumer (event loop) and the decode thread."""
-
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenOutput | Exception]
-    generator: torch.Generator | None
-    stop_ids: frozenset[int]
-    max_new: int
-    output: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    done: bool = False
-
-
-@dataclass(eq=False)
-class _Swap:
-    """A validated state dict waiting to be applied between two decode steps."""
-
-    state_dict: Mapping[str, torch.Tensor]
-    version: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[float]
-
-
-def _put_all(
-    items: list[tuple[asyncio.Queue[TokenOutput | Exception], TokenOutput | Exception]],
-) -> None:
-    for queue, item in items:
-        queue.put_nowait(item)
-
-
-def _settle(future: asyncio.Future[float], value: float | Exception) -> None:
-    if future.done():
-        return
-    if isinstance(value, Exception):
-        future.set_exception(value)
-    else:
-        future.set_result(value)
-
-
-def _eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
-    """End-of-sequence ids from the tokenizer and the model's generation config."""
-    found: set[int] = set()
-    gen_config = getattr(model, "generation_config", None)
-    for value in (
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(gen_config, "eos_token_id", None),
-    ):
-        if isinstance(value, int):
-            found.add(value)
-        elif isinstance(value, list | tuple):
-            found.update(int(v) for v in value)
-    return frozenset(found)
-
-
-def _default_max_len(model: nn.Module) -> int:
-    config: Any = getattr(model, "config", None)
-    limit = int(getattr(config, "max_position_embeddings", None) or 2048)
-    window = getattr(config, "sliding_window", None)
-    if isinstance(window, int) and window > 0 and getattr(config, "use_sliding_window", True):
-        limit = min(limit, window)  # within the window, full attention is exact
-    return limit
 
 
 class TorchEngine:
@@ -130,15 +63,15 @@ class TorchEngine:
         # The decode thread decodes stop-string windows with its own copy: a fast tokenizer
         # used by two threads at once can fail with "Already borrowed".
         self._stop_tokenizer = copy.deepcopy(tokenizer)
-        self._eos = _eos_ids(model, tokenizer)
+        self._eos = eos_ids(model, tokenizer)
         self._max_batch_size = max_batch_size
-        self._max_model_len = max_model_len or _default_max_len(model)
+        self._max_model_len = max_model_len or default_max_len(model)
         self._version = version
         self._cache = self._runner.new_cache(max_batch_size, self._max_model_len)
         self._cond = threading.Condition()
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
-        self._swaps: list[_Swap] = []
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._swaps: list[Swap] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._log = logging.getLogger(__name__)
@@ -207,7 +140,7 @@ class TorchEngine:
         self._cache.clear()
         self._deliver([(r, EngineError("engine stopped")) for r in pending])
         for swap in swaps:
-            swap.loop.call_soon_threadsafe(_settle, swap.future, EngineError("engine stopped"))
+            swap.loop.call_soon_threadsafe(settle, swap.future, EngineError("engine stopped"))
 
     # ----------------------------------------------------------------- requests
     def generate(
@@ -253,7 +186,7 @@ class TorchEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self._runner.device)
             generator.manual_seed(params.seed)
-        req = _Request(
+        req = Request(
             request_id=request_id,
             prompt=prompt,
             params=params,
@@ -281,7 +214,7 @@ class TorchEngine:
             if not req.done:
                 self._cancel(req)
 
-    def _cancel(self, req: _Request) -> None:
+    def _cancel(self, req: Request) -> None:
         with self._cond:
             req.cancelled = True
             if req in self._waiting:
@@ -297,7 +230,7 @@ class TorchEngine:
         """Validate, then apply between two decode steps; returns the decode pause (s)."""
         await asyncio.to_thread(self._weights.validate, state_dict)
         loop = asyncio.get_running_loop()
-        swap = _Swap(state_dict, version, loop, loop.create_future())
+        swap = Swap(state_dict, version, loop, loop.create_future())
         with self._cond:
             queued = self.is_running
             if queued:
@@ -307,7 +240,7 @@ class TorchEngine:
             return await asyncio.to_thread(self._apply_swap, swap)
         return await swap.future
 
-    def _apply_swap(self, swap: _Swap) -> float:
+    def _apply_swap(self, swap: Swap) -> float:
         started = time.perf_counter()
         self._weights.apply(swap.state_dict)
         if self._runner.device.type == "cuda":
@@ -326,7 +259,7 @@ class TorchEngine:
                 result = EngineError(
                     f"applying weights failed (model may be partly updated): {exc}"
                 )
-            swap.loop.call_soon_threadsafe(_settle, swap.future, result)
+            swap.loop.call_soon_threadsafe(settle, swap.future, result)
 
     # ----------------------------------------------------------------- decode thread
     def _run(self) -> None:
@@ -382,11 +315,11 @@ class TorchEngine:
             req.done = True
         self._deliver([(r, EngineError(str(error))) for r in failed])
 
-    def _process(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+    def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample each row, record the token, decide whether it ends, hand it out."""
         version = self._version
         sampled = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        out: list[tuple[_Request, TokenOutput | Exception]] = []
+        out: list[tuple[Request, TokenOutput | Exception]] = []
         for req, result in zip(reqs, sampled, strict=True):
             if req.cancelled:
                 continue
@@ -400,7 +333,7 @@ class TorchEngine:
         self._deliver(out)
         self._reap()
 
-    def _advance(self, req: _Request, sampled: Sampled, version: int) -> TokenOutput:
+    def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:
         token = sampled.token_id
         req.output.append(token)
         params = req.params
@@ -412,7 +345,7 @@ class TorchEngine:
             token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
         )
 
-    def _finish_reason(self, req: _Request, token: int) -> tuple[str | None, str | None]:
+    def _finish_reason(self, req: Request, token: int) -> tuple[str | None, str | None]:
         """("stop" | "length" | None, the stop string that matched) after `token`."""
         params = req.params
         if token in req.stop_ids:
@@ -427,14 +360,14 @@ class TorchEngine:
             return "length", None
         return None, None
 
-    def _deliver(self, items: list[tuple[_Request, TokenOutput | Exception]]) -> None:
+    def _deliver(self, items: list[tuple[Request, TokenOutput | Exception]]) -> None:
         """Hand items to their consumers' event loops, one callback per loop."""
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for req, item in items:
             by_loop.setdefault(req.loop, []).append((req.queue, item))
         for loop, batch in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, batch)
+                loop.call_soon_threadsafe(put_all, batch)
             except RuntimeError:  # the consumer's loop is closed: nobody is listening
                 for req, _ in items:
                     if req.loop is loop:
