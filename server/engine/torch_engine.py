@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from server.engine.forward import LlamaRunner
+from server.engine.forward import LlamaRunner, Prefill
 from server.engine.sampling import Sampled, find_stop_string, sample_batch
 from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all, settle
 from server.engine.types import (
@@ -50,6 +50,7 @@ class TorchEngine:
         max_model_len: int | None = None,
         device: str = "cpu",
         version: int = 0,
+        prefill_chunk_tokens: int = 512,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -65,6 +66,8 @@ class TorchEngine:
         self._stop_tokenizer = copy.deepcopy(tokenizer)
         self._eos = eos_ids(model, tokenizer)
         self._max_batch_size = max_batch_size
+        self._prefill_chunk = max(1, prefill_chunk_tokens)
+        self._staging: tuple[Request, Prefill] | None = None
         self._max_model_len = max_model_len or default_max_len(model)
         self._version = version
         self._cache = self._runner.new_cache(max_batch_size, self._max_model_len)
@@ -138,6 +141,7 @@ class TorchEngine:
             self._running, self._waiting = [], deque()
             self._thread = None
         self._cache.clear()
+        self._staging = None
         self._deliver([(r, EngineError("engine stopped")) for r in pending])
         for swap in swaps:
             swap.loop.call_soon_threadsafe(settle, swap.future, EngineError("engine stopped"))
@@ -286,15 +290,32 @@ class TorchEngine:
             self._process(list(self._running), logits)
 
     def _admit(self) -> None:
-        """Prefill waiting requests (FIFO) into free rows; each emits its first token."""
-        while len(self._running) < self._max_batch_size:
+        """Prefill the oldest waiting request, at most `prefill_chunk_tokens` per iteration.
+
+        Chunking bounds how long a long prompt stalls the running requests' next token. A
+        fully prefilled prompt joins the batch and emits its first token.
+        """
+        budget = self._prefill_chunk
+        while budget > 0 and len(self._running) < self._max_batch_size:
             with self._cond:
-                if not self._waiting:
-                    return
-                req = self._waiting.popleft()
-                row = self._cache.add_row(len(req.prompt))
+                req = self._waiting[0] if self._waiting else None
+            if req is None:
+                return
+            if self._staging is None or self._staging[0] is not req:
+                self._staging = (req, self._runner.start_prefill(req.prompt))
+            state = self._staging[1]
+            take = min(budget, state.remaining)
+            budget -= take
+            logits = self._runner.prefill_step(state, take)
+            if logits is None:
+                return
+            self._staging = None
+            with self._cond:
+                if req.cancelled:  # _cancel already took it out of the queue
+                    continue
+                self._waiting.popleft()
                 self._running.append(req)
-            logits = self._runner.prefill(self._cache, row, req.prompt)
+            self._runner.join(self._cache, state)
             self._process([req], logits[None])
 
     def _reap(self) -> None:
@@ -308,8 +329,13 @@ class TorchEngine:
                     self._running.pop()
 
     def _fail_running(self, error: EngineError) -> None:
+        """After an internal failure: fail the batch and the prompt being prefilled."""
         with self._cond:
             failed, self._running = self._running, []
+            if self._staging is not None and self._staging[0] in self._waiting:
+                self._waiting.remove(self._staging[0])
+                failed.append(self._staging[0])
+            self._staging = None
         self._cache.clear()
         for req in failed:
             req.done = True
