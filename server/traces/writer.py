@@ -243,7 +243,7 @@ class TraceWriter:
     def _spool_after_stop(self, turn: TurnRecord) -> None:
         spool = Spool(self.spool.directory, self.spool.name)
         try:
-            spool.open()
+            spool.open(adopt=False)
             spool.append([turn.model_dump_json()])
             self.metrics.records.labels("spooled").inc()
         except (SpoolError, OSError) as exc:
