@@ -50,7 +50,7 @@ class LlamaRunner:
             raise EngineError(f"torch engine cannot run this model: no {', '.join(missing)}")
         self.model = model
         self.embed: nn.Module = base.embed_tokens  # type: ignore[union-attr]
-        self.layers: list[nn.Module] = list(base.layers)  # type: ignore[union-attr]
+        self.layers: list[Any] = list(base.layers)  # type: ignore[union-attr]
         self.norm: nn.Module = base.norm  # type: ignore[union-attr]
         self.rotary: nn.Module = base.rotary_emb  # type: ignore[union-attr]
         self.lm_head: nn.Module = model.lm_head  # type: ignore[assignment]
@@ -143,7 +143,9 @@ class LlamaRunner:
             # Grouped-query attention without repeating the cache: the query heads that
             # share a kv head become that head's "sequence" of queries.
             q = q.reshape(n, self.kv_heads, groups, self.head_dim)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling
+            )
             h = self._finish_layer(layer, h, out.reshape(n, self.num_heads, 1, self.head_dim))
         cache.advance()
         return self._logits(h[:, -1])
@@ -151,7 +153,9 @@ class LlamaRunner:
     def self_check(self, tolerance: float | None = None) -> float:
         """Compare prefill + batched decode with the HF forward; raise EngineError if off."""
         tol = tolerance if tolerance is not None else (1e-3 if self.dtype == torch.float32 else 0.1)
-        seqs = [[(7 * i + 3 * j + 1) % self.vocab_size for i in range(n)] for j, n in enumerate((6, 3))]
+        seqs = [
+            [(7 * i + 3 * j + 1) % self.vocab_size for i in range(n)] for j, n in enumerate((6, 3))
+        ]
         cache = self.new_cache(max_rows=2, max_len=16)
         got: list[list[torch.Tensor]] = [[], []]
         for row, seq in enumerate(seqs):

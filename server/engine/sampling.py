@@ -45,7 +45,9 @@ def _sample_row(
     if mask is not None:
         mask = mask.to(device=logits.device, dtype=torch.bool)
         if mask.shape != (vocab_size,):
-            raise EngineError(f"constraint mask has shape {tuple(mask.shape)}, want ({vocab_size},)")
+            raise EngineError(
+                f"constraint mask has shape {tuple(mask.shape)}, want ({vocab_size},)"
+            )
         if not bool(mask.any()):
             raise EngineError("constraint allows no token")
         logits = logits.masked_fill(~mask, float("-inf"))

@@ -65,7 +65,9 @@ class _Swap:
     future: asyncio.Future[float]
 
 
-def _put_all(items: list[tuple[asyncio.Queue[TokenOutput | Exception], TokenOutput | Exception]]) -> None:
+def _put_all(
+    items: list[tuple[asyncio.Queue[TokenOutput | Exception], TokenOutput | Exception]],
+) -> None:
     for queue, item in items:
         queue.put_nowait(item)
 
@@ -83,7 +85,10 @@ def _eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
     """End-of-sequence ids from the tokenizer and the model's generation config."""
     found: set[int] = set()
     gen_config = getattr(model, "generation_config", None)
-    for value in (getattr(tokenizer, "eos_token_id", None), getattr(gen_config, "eos_token_id", None)):
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(gen_config, "eos_token_id", None),
+    ):
         if isinstance(value, int):
             found.add(value)
         elif isinstance(value, list | tuple):
@@ -229,7 +234,9 @@ class TorchEngine:
             )
         bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequestError(f"token id {bad} outside the vocabulary (0..{self.vocab_size - 1})")
+            raise InvalidRequestError(
+                f"token id {bad} outside the vocabulary (0..{self.vocab_size - 1})"
+            )
         if params.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be at least 1")
         if not params.temperature >= 0 or params.temperature == float("inf"):
@@ -253,7 +260,8 @@ class TorchEngine:
             loop=asyncio.get_running_loop(),
             queue=asyncio.Queue(),
             generator=generator,
-            stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos),
+            stop_ids=frozenset(params.stop_token_ids)
+            | (frozenset() if params.ignore_eos else self._eos),
             max_new=min(params.max_tokens, self._max_model_len - len(prompt)),
         )
         with self._cond:
@@ -315,7 +323,9 @@ class TorchEngine:
                 result: float | Exception = self._apply_swap(swap)
             except Exception as exc:
                 self._log.exception("weight swap to version %s failed", swap.version)
-                result = EngineError(f"applying weights failed (model may be partly updated): {exc}")
+                result = EngineError(
+                    f"applying weights failed (model may be partly updated): {exc}"
+                )
             swap.loop.call_soon_threadsafe(_settle, swap.future, result)
 
     # ----------------------------------------------------------------- decode thread
@@ -396,16 +406,26 @@ class TorchEngine:
         params = req.params
         if params.constraint is not None:
             params.constraint.accept_token(token)
-        finish: str | None = None
-        stop_string = None
-        if token in req.stop_ids or (params.constraint is not None and params.constraint.is_terminated()):
-            finish = "stop"
-        elif params.stop and (stop_string := find_stop_string(self._stop_tokenizer, req.output, params.stop)):
-            finish = "stop"
-        elif len(req.output) >= req.max_new:
-            finish = "length"
+        finish, stop_string = self._finish_reason(req, token)
         req.done = finish is not None
-        return TokenOutput(token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string)
+        return TokenOutput(
+            token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
+        )
+
+    def _finish_reason(self, req: _Request, token: int) -> tuple[str | None, str | None]:
+        """("stop" | "length" | None, the stop string that matched) after `token`."""
+        params = req.params
+        if token in req.stop_ids:
+            return "stop", None
+        if params.constraint is not None and params.constraint.is_terminated():
+            return "stop", None
+        if params.stop:
+            matched = find_stop_string(self._stop_tokenizer, req.output, params.stop)
+            if matched is not None:
+                return "stop", matched
+        if len(req.output) >= req.max_new:
+            return "length", None
+        return None, None
 
     def _deliver(self, items: list[tuple[_Request, TokenOutput | Exception]]) -> None:
         """Hand items to their consumers' event loops, one callback per loop."""

@@ -32,7 +32,12 @@ class WeightSpec:
         groups: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], int] = {}
         self._slots: dict[str, _Slot] = {}
         for name, t in self._targets.items():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+            key = (
+                t.untyped_storage().data_ptr(),
+                int(t.storage_offset()),
+                tuple(t.shape),
+                t.stride(),
+            )
             group = groups.setdefault(key, len(groups))
             self._slots[name] = _Slot(tuple(t.shape), t.dtype, group)
         self._group_names: dict[int, list[str]] = {}
@@ -52,7 +57,9 @@ class WeightSpec:
         for names in self._group_names.values():
             present = [n for n in names if n in state_dict]
             for other in present[1:]:
-                if not torch.equal(state_dict[present[0]], state_dict[other].to(state_dict[present[0]].device)):
+                if not torch.equal(
+                    state_dict[present[0]], state_dict[other].to(state_dict[present[0]].device)
+                ):
                     raise WeightValidationError(
                         f"{other!r} differs from {present[0]!r}, but the model ties them"
                     )
