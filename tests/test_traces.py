@@ -240,3 +240,30 @@ async def test_two_writers_on_one_spool_dir_keep_separate_files(
     await c.stop()
     assert sorted(t.session_id for t in await stream_turns(redis_url)) == ["a", "b"]
     assert spool_lines(spool_dir) == []
+
+
+async def test_a_redis_that_never_answers_is_spooled_after_the_socket_timeout(
+    data_dir: Path,
+) -> None:
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accept and never reply: a hung server or a partition
+        writer.close()
+
+    hung = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    registry = CollectorRegistry()
+    writer = TraceWriter(
+        f"redis://127.0.0.1:{port}/0", data_dir / "spool", registry, socket_timeout_s=0.3
+    )
+    try:
+        await writer.start()
+        started = time.perf_counter()
+        for i in range(3):
+            writer.submit(make_turn(i))
+        assert time.perf_counter() - started < 0.005
+        await wait_for(lambda: writer.spool_backlog == 3, timeout_s=5.0)
+        await writer.stop()
+    finally:
+        hung.close()
+    assert len(spool_lines(data_dir / "spool")) == 3
+    assert sample(registry, "liveloop_trace_records_total", outcome="written") == 0

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -109,13 +110,13 @@ class Spool:
         """The file this process appends to."""
         return self._files[-1].path if self._files else None
 
-    def open(self) -> None:
+    def open(self, adopt: bool = True) -> None:
         """Lock an own file, adopt unlocked leftovers, repair torn tails, count the backlog."""
         self.directory.mkdir(parents=True, exist_ok=True)
         own_path = self.directory / f"{self.name}{SUFFIX}"
         handle = _try_lock(own_path, create=True)
         if handle is None:  # another live process spools into the default file
-            own_path = self.directory / f"{self.name}.{os.getpid()}{SUFFIX}"
+            own_path = self.directory / f"{self.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}"
             handle = _try_lock(own_path, create=True)
             if handle is None:
                 raise SpoolError(f"cannot lock spool file {own_path}")
@@ -123,7 +124,7 @@ class Spool:
         own = _SpoolFile(own_path, handle, own=True)
         leftovers: list[_SpoolFile] = []
         candidates = sorted(self.directory.glob(f"{self.name}*{SUFFIX}"), key=_mtime)
-        for path in candidates:
+        for path in candidates if adopt else []:
             if path == own_path:
                 continue
             other = _try_lock(path, create=False)

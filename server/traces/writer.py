@@ -167,27 +167,39 @@ class TraceWriter:
             self._loop.call_soon_threadsafe(self._wake.set)
 
     async def _run(self) -> None:
-        assert self._wake is not None
+        """The writer task: one step at a time until stopped; a failing step never ends it."""
         while True:
-            batch = self._take(self.replay_batch)
-            if batch:
-                if self.spool.backlog:
-                    await asyncio.to_thread(self._spool_now, batch)
-                else:
-                    await self._write_direct(batch)
-                continue
-            if self._stopping:
-                return
-            now = time.monotonic()
-            if self.spool.backlog and now >= self._next_probe:
-                await self._replay_some()
-                continue
-            self._wake.clear()
-            if self._pending:
-                continue
-            timeout = max(0.0, self._next_probe - now) if self.spool.backlog else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            try:
+                if not await self._step():
+                    return
+            except Exception:
+                log.exception("trace writer step failed; retrying in %.1fs", self._probe_delay)
+                self._next_probe = time.monotonic() + self._probe_delay
+                await asyncio.sleep(self._probe_delay)
+
+    async def _step(self) -> bool:
+        """Write or spool queued records, else replay the spool, else wait; False when done."""
+        assert self._wake is not None
+        batch = self._take(self.replay_batch)
+        if batch:
+            if self.spool.backlog:
+                await asyncio.to_thread(self._spool_now, batch)
+            else:
+                await self._write_direct(batch)
+            return True
+        if self._stopping:
+            return False
+        now = time.monotonic()
+        if self.spool.backlog and now >= self._next_probe:
+            await self._replay_some()
+            return True
+        self._wake.clear()
+        if self._pending:
+            return True
+        timeout = max(0.0, self._next_probe - now) if self.spool.backlog else None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        return True
 
     def _take(self, limit: int) -> list[TurnRecord]:
         batch: list[TurnRecord] = []
@@ -243,7 +255,7 @@ class TraceWriter:
     def _spool_after_stop(self, turn: TurnRecord) -> None:
         spool = Spool(self.spool.directory, self.spool.name)
         try:
-            spool.open()
+            spool.open(adopt=False)
             spool.append([turn.model_dump_json()])
             self.metrics.records.labels("spooled").inc()
         except (SpoolError, OSError) as exc:
