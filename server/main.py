@@ -14,7 +14,7 @@ import uvicorn
 
 from liveloop.bus import connect_sync
 from liveloop.config import ConfigError, LiveLoopSettings
-from liveloop.models import load_model
+from liveloop.models import load_model, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def run(settings: LiveLoopSettings) -> None:
     """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError."""
-    from server.app import create_app
-
     if settings.redis_url is None:
         raise ConfigError("serve needs a Redis URL: --redis-url or LIVELOOP_REDIS_URL")
     sock = bind_socket(settings.host, settings.port)
     try:
         connect_sync(settings.redis_url).close()
+        resolve_model_dir(settings.model)  # fails fast, before torch is imported
         model = load_model(settings.model, settings.server.device)
+        from server.app import create_app
+
         app = create_app(settings, model=model)
         config = uvicorn.Config(
             app,

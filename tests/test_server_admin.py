@@ -28,13 +28,19 @@ def test_load_weights_swaps_the_served_version(
 ) -> None:
     before = _weights(server_url)["version"]
     checkpoint = str(model_dir() / "model.safetensors")
-    resp = httpx.post(server_url + "/admin/weights", json={"path": checkpoint}, headers=ADMIN, timeout=60)
+    resp = httpx.post(
+        server_url + "/admin/weights", json={"path": checkpoint}, headers=ADMIN, timeout=60
+    )
     assert resp.status_code == 200, resp.text
     assert resp.json()["version"] == before + 1
     state = _weights(server_url)
     assert state["version"] == before + 1
-    assert state["history"][-1]["version"] == before + 1 and state["history"][-1]["path"] == checkpoint
-    raw = client.chat.completions.with_raw_response.create(model="tiny-random", messages=HELLO, max_tokens=3)
+    assert (
+        state["history"][-1]["version"] == before + 1 and state["history"][-1]["path"] == checkpoint
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-random", messages=HELLO, max_tokens=3
+    )
     assert raw.headers["x-policy-version"] == str(before + 1)
     (record,) = wait_for_turns(server_redis, raw.headers["x-session-id"], 1)
     assert record["versions"] == [before + 1] * 3

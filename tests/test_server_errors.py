@@ -43,10 +43,18 @@ BAD_BODIES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("content not text", _body(messages=[{"role": "user", "content": 123}]), ("content",)),
     (
         "image content",
-        _body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        _body(
+            messages=[
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ]
+        ),
         ("image_url",),
     ),
-    ("tool message without id", _body(messages=[{"role": "tool", "content": "x"}]), ("tool_call_id",)),
+    (
+        "tool message without id",
+        _body(messages=[{"role": "tool", "content": "x"}]),
+        ("tool_call_id",),
+    ),
     ("negative max_tokens", _body(max_tokens=-1), ("max_tokens",)),
     ("max_tokens over limit", _body(max_tokens=100_000), ("max_tokens", "limit")),
     ("max_completion_tokens zero", _body(max_completion_tokens=0), ("max_completion_tokens",)),
@@ -61,7 +69,9 @@ BAD_BODIES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     (
         "named tool not offered",
         _body(
-            tools=[{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}],
+            tools=[
+                {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}
+            ],
             tool_choice={"type": "function", "function": {"name": "b"}},
         ),
         ("'b'",),
@@ -71,7 +81,10 @@ BAD_BODIES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         _body(
             response_format={
                 "type": "json_schema",
-                "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "frobnicate"}}}},
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": "frobnicate"}}},
+                },
             }
         ),
         (),
@@ -143,7 +156,9 @@ def _running(server_url: str) -> float:
     return value
 
 
-def test_client_disconnect_frees_the_engine_slot(server_url: str, server_redis: redis.Redis) -> None:
+def test_client_disconnect_frees_the_engine_slot(
+    server_url: str, server_redis: redis.Redis
+) -> None:
     body = _body(max_tokens=1500, stream=True, seed=1)
     with httpx.stream("POST", server_url + "/v1/chat/completions", json=body, headers=AUTH) as resp:
         sid = resp.headers["x-session-id"]

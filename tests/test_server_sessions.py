@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -42,7 +43,7 @@ def test_multi_turn_session_extends_prompt_token_exactly(
     records = wait_for_turns(server_redis, sessions[0], 3)
     assert [r["turn_index"] for r in records] == [0, 1, 2]
     assert [r["prompt_mode"] for r in records] == ["fresh", "extended", "extended"]
-    for prev, cur in zip(records, records[1:], strict=False):
+    for prev, cur in itertools.pairwise(records):
         served = prev["prompt_token_ids"] + prev["completion_token_ids"]
         assert cur["prompt_token_ids"][: len(served)] == served
         assert len(cur["prompt_token_ids"]) > len(served)
@@ -66,7 +67,9 @@ def test_explicit_session_header_and_metadata(
 ) -> None:
     sid = "agent-run-42"
     for i, text in enumerate(["one", "two"]):
-        raw = _chat(client, [{"role": "user", "content": text}], extra_headers={"X-Session-Id": sid})
+        raw = _chat(
+            client, [{"role": "user", "content": text}], extra_headers={"X-Session-Id": sid}
+        )
         assert raw.headers["x-session-id"] == sid and raw.headers["x-turn-index"] == str(i)
     raw = _chat(client, [{"role": "user", "content": "three"}], metadata={"session_id": sid})
     assert raw.headers["x-session-id"] == sid and raw.headers["x-turn-index"] == "2"
@@ -78,11 +81,15 @@ def test_explicit_session_header_and_metadata(
 def test_side_turns_and_unrecorded_requests(
     client: openai.OpenAI, server_redis: redis.Redis
 ) -> None:
-    side = _chat(client, [{"role": "user", "content": "title?"}], extra_headers={"X-Turn-Type": "side"})
+    side = _chat(
+        client, [{"role": "user", "content": "title?"}], extra_headers={"X-Turn-Type": "side"}
+    )
     sid = side.headers["x-session-id"]
     assert [r["turn_type"] for r in wait_for_turns(server_redis, sid, 1)] == ["side"]
     off = _chat(
-        client, [{"role": "user", "content": "private"}], extra_headers={"X-LiveLoop-Train": "false"}
+        client,
+        [{"role": "user", "content": "private"}],
+        extra_headers={"X-LiveLoop-Train": "false"},
     )
     off_sid = off.headers["x-session-id"]
     assert off_sid and int(off.headers["x-policy-version"]) >= 0
@@ -107,12 +114,16 @@ def test_sessions_belong_to_their_tenant(
     assert feedback(API_KEYS[1], {"session_id": sid, "score": 1}).status_code == 403
     missing = feedback(API_KEYS[0], {"session_id": "sess-nope", "score": 1})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "session_not_found"
-    assert feedback(API_KEYS[0], {"session_id": sid, "turn_index": 5, "score": 1}).status_code == 404
+    assert (
+        feedback(API_KEYS[0], {"session_id": sid, "turn_index": 5, "score": 1}).status_code == 404
+    )
     assert feedback(API_KEYS[0], {"session_id": sid, "score": 2}).status_code == 400
     ok = feedback(API_KEYS[0], {"session_id": sid, "score": -0.5, "comment": "meh"})
     assert ok.status_code == 200 and ok.json()["turn_index"] == 0
     entries: Any = server_redis.xrange("liveloop:feedback")
-    mine = [json.loads(f["data"]) for _id, f in entries if json.loads(f["data"])["session_id"] == sid]
+    mine = [
+        json.loads(f["data"]) for _id, f in entries if json.loads(f["data"])["session_id"] == sid
+    ]
     assert len(mine) == 1
     assert mine[0]["score"] == -0.5 and mine[0]["comment"] == "meh"
     assert mine[0]["tenant"] == tenant_of(API_KEYS[0]) and mine[0]["turn_index"] == 0

@@ -67,9 +67,21 @@ async def create_chat_completion(
     body: ChatCompletionRequest,
     request: Request,
     tenant: str = Depends(require_tenant),
-    x_session_id: str | None = Header(None, description="Session this turn belongs to."),
-    x_turn_type: str | None = Header(None, description="'main' (default) or 'side'."),
-    x_liveloop_train: str | None = Header(None, description="'false': do not record."),
+    x_session_id: str | None = Header(
+        None,
+        description="Session this turn belongs to.",
+        json_schema_extra={"pattern": SESSION_ID.pattern},
+    ),
+    x_turn_type: str | None = Header(
+        None,
+        description="'main' (default) or 'side' (never trained on).",
+        json_schema_extra={"enum": ["main", "side"]},
+    ),
+    x_liveloop_train: str | None = Header(
+        None,
+        description="'false': do not record this request at all.",
+        json_schema_extra={"enum": ["true", "false"]},
+    ),
 ) -> Response:
     """Create a chat completion (streamed as SSE with `stream: true`)."""
     arrival = time.perf_counter()

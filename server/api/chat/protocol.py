@@ -102,7 +102,7 @@ ChatMessage = Annotated[
 class FunctionDefinition(_Lenient):
     """A function the model may call; `parameters` is a JSON schema of its arguments."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

@@ -156,14 +156,17 @@ class ChatService:
                     param="tool_choice",
                 )
         fmt = request.response_format
+        wire_choice: str | dict[str, Any] | None = (
+            choice if choice is None or isinstance(choice, str) else choice.model_dump()
+        )
         try:
             return build_constraint(
                 self.tokenizer,
                 tools=tools if choice != "none" else None,
-                tool_choice=choice.model_dump()
-                if choice is not None and not isinstance(choice, str)
-                else choice,
+                tool_choice=wire_choice,
                 response_format=fmt.model_dump(by_alias=True) if fmt is not None else None,
+                vocab_size=int(self.engine.vocab_size),
+                parallel_tool_calls=request.parallel_tool_calls is not False,
             )
         except ToolRequestError as exc:
             raise bad_request(str(exc), param=exc.param or "tools", code="invalid_value") from None
