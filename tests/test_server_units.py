@@ -57,10 +57,14 @@ async def test_session_store_on_valkey(aredis_client: aredis.Redis) -> None:
     assert (first.turn_index, again.turn_index) == (0, 1)
     with pytest.raises(SessionForbidden):
         await store.allocate("t2", first.session_id)
-    messages = [{"role": "user", "content": "hi"}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
     reply = {"role": "assistant", "content": "yo"}
     await store.remember("t1", first.session_id, 1, messages, [ServedSample(0, reply, [1, 2], [3])])
-    follow = [*messages, {**reply, "refusal": None}, {"role": "user", "content": "more"}]
+    follow: list[dict[str, Any]] = [
+        *messages,
+        {**reply, "refusal": None},
+        {"role": "user", "content": "more"},
+    ]
     previous = await store.lookup("t1", follow, None)
     assert previous == PreviousTurn(first.session_id, 1, 0, [1, 2], [3])
     assert await store.lookup("t2", follow, None) is None  # other tenants never match
