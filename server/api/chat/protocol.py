@@ -194,6 +194,7 @@ class ChatCompletionRequest(_Lenient):
     user: str | None = None
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    ignore_eos: bool = Field(False, description="Extension (as in vLLM): do not stop at EOS.")
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

@@ -231,6 +231,7 @@ class ChatService:
                 stop=request.stop_list,
                 top_logprobs=request.top_logprobs or 0,
                 constraint=constraint.new() if constraint is not None else None,
+                ignore_eos=request.ignore_eos,
             )
             for i in range(request.n)
         ]
