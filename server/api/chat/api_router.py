@@ -95,6 +95,6 @@ async def create_chat_completion(
     )
     prep = await state.chat.prepare(body, ctx)
     if body.stream:
-        return stream_response(state.chat, prep)
+        return await stream_response(state.chat, prep)
     result = await state.chat.complete(prep)
     return JSONResponse(result, headers=prep.headers)

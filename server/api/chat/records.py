@@ -13,7 +13,7 @@ from liveloop.contracts import TurnRecord, TurnTimings, TurnType
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.chat.sample import SampleState
 from server.prompting import BuiltPrompt
-from server.sessions import ServedSample, SessionTurn
+from server.sessions import PreviousTurn, ServedSample, SessionTurn
 from server.tools import parse_tool_calls
 
 
@@ -32,11 +32,20 @@ class PreparedChat:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     parse_tools: bool
-    session: SessionTurn
     prompt: BuiltPrompt
     params: list[Any]
+    previous: PreviousTurn | None = None
+    session_hint: str | None = None  # X-Session-Id / metadata.session_id
+    session: SessionTurn | None = None  # set by open_session, once the engine has started
     headers: dict[str, str] = field(default_factory=dict)
     submitted: float = 0.0
+
+    @property
+    def turn(self) -> SessionTurn:
+        """The session turn (after open_session)."""
+        if self.session is None:
+            raise RuntimeError("open_session has not run for this request")
+        return self.session
 
     @property
     def want_logprobs(self) -> bool:
@@ -70,8 +79,8 @@ def turn_record(
 ) -> TurnRecord:
     """The token-exact record of one sample for `liveloop:turns`."""
     return TurnRecord(
-        session_id=prep.session.session_id,
-        turn_index=prep.session.turn_index,
+        session_id=prep.turn.session_id,
+        turn_index=prep.turn.turn_index,
         turn_type=prep.turn_type,
         tenant=prep.tenant,
         request_id=prep.request_id,

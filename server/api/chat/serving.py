@@ -96,7 +96,7 @@ class ChatService:
     # Preparation ---------------------------------------------------------------------
 
     async def prepare(self, request: ChatCompletionRequest, ctx: RequestContext) -> PreparedChat:
-        """Validate against live limits, resolve the session and build the prompt ids."""
+        """Validate against live limits, find the turn this continues, build the prompt ids."""
         if request.model not in self.model_aliases:
             raise APIError(
                 404,
@@ -111,8 +111,6 @@ class ChatService:
         previous = await self._previous(ctx, messages)
         prompt = self._build_prompt(messages, tools, previous)
         params = self._sampling_params(request, len(prompt.token_ids), constraint)
-        session = await self._session(ctx, previous)
-        headers = {"X-Session-Id": session.session_id, "X-Turn-Index": str(session.turn_index)}
         return PreparedChat(
             request_id="chatcmpl-" + uuid.uuid4().hex,
             created=int(time.time()),
@@ -125,10 +123,10 @@ class ChatService:
             messages=messages,
             tools=tools,
             parse_tools=bool(tools) and request.tool_choice != "none",
-            session=session,
             prompt=prompt,
             params=params,
-            headers=headers,
+            previous=previous,
+            session_hint=ctx.session_id,
         )
 
     def _check_max_tokens(self, request: ChatCompletionRequest) -> None:
@@ -178,16 +176,30 @@ class ChatService:
             return None
         return await self.sessions.lookup(ctx.tenant, messages, ctx.session_id)
 
-    async def _session(self, ctx: RequestContext, previous: PreviousTurn | None) -> SessionTurn:
-        if not ctx.record or self.sessions is None:
-            return SessionTurn(ctx.session_id or new_session_id(), 0)
-        session_id = ctx.session_id or (previous.session_id if previous else None)
-        try:
-            turn = await self.sessions.allocate(ctx.tenant, session_id)
-        except SessionForbidden as exc:
-            raise APIError(403, str(exc), param="X-Session-Id", code="session_forbidden") from None
-        turn.linked = previous is not None and ctx.session_id is None
-        return turn
+    async def open_session(self, prep: PreparedChat) -> None:
+        """Create or join the session and take the turn index (runs while the engine works).
+
+        Called after `start`, so the Redis round trip overlaps the prefill instead of adding
+        to the time to first token; a SessionForbidden then becomes a 403.
+        """
+        hint = prep.session_hint
+        if not prep.record or self.sessions is None:
+            prep.session = SessionTurn(hint or new_session_id(), 0)
+        else:
+            previous = prep.previous
+            try:
+                prep.session = await self.sessions.allocate(
+                    prep.tenant, hint or (previous.session_id if previous else None)
+                )
+            except SessionForbidden as exc:
+                raise APIError(
+                    403, str(exc), param="X-Session-Id", code="session_forbidden"
+                ) from None
+            prep.session.linked = previous is not None and hint is None
+        prep.headers = {
+            "X-Session-Id": prep.session.session_id,
+            "X-Turn-Index": str(prep.session.turn_index),
+        }
 
     def _build_prompt(
         self,
@@ -280,6 +292,7 @@ class ChatService:
                 sample.take_text()
 
         try:
+            await self.open_session(prep)
             await asyncio.gather(
                 *(collect(s, it) for s, it in zip(samples, iterators, strict=True))
             )
@@ -343,7 +356,7 @@ class ChatService:
                 if d.finish_reason != "abort"
             ]
             await self.sessions.remember(
-                prep.tenant, prep.session.session_id, prep.session.turn_index, prep.messages, served
+                prep.tenant, prep.turn.session_id, prep.turn.turn_index, prep.messages, served
             )
 
 

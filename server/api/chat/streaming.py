@@ -97,9 +97,19 @@ class ChatStream:
             "finish_reason": None,
         }
 
+    def _content_event(self, index: int, text: str) -> str:
+        """The common case, formatted without building dicts: a plain text delta."""
+        content = json.dumps(text, ensure_ascii=False)
+        return (
+            f'data: {self._head}[{{"index":{index},"delta":{{"content":{content}}},'
+            f'"logprobs":null,"finish_reason":null}}]}}\n\n'
+        )
+
     def _sample_events(self, sample: SampleState) -> list[str]:
         text = sample.take_text()
         parser = self.parsers[sample.index]
+        if parser is None and not sample.finished and not self.prep.want_logprobs:
+            return [self._content_event(sample.index, text)] if text else []
         if parser is None:
             deltas = [{"content": text}] if text else []
         else:
@@ -180,9 +190,15 @@ class ChatStream:
             log.exception("could not record aborted request %s", self.prep.request_id)
 
 
-def stream_response(service: ChatService, prep: PreparedChat) -> SSEResponse:
-    """Start the samples (errors up front become 4xx/503) and stream their events."""
+async def stream_response(service: ChatService, prep: PreparedChat) -> SSEResponse:
+    """Start the samples (errors up front become 4xx/503), open the session, stream events."""
     stream = ChatStream(service, prep)
+    try:
+        await service.open_session(prep)
+    except BaseException:
+        for it in stream.iterators:
+            await close_iterator(it)
+        raise
     headers = dict(prep.headers)
     headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return SSEResponse(stream.events(), media_type="text/event-stream", headers=headers)
