@@ -90,13 +90,11 @@ async def http_stream(
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if first is None and any(c["delta"].get("content") for c in chunk["choices"]):
-                first = time.perf_counter()
+            if first is None and line.startswith("data: {"):
+                if any(c["delta"].get("content") for c in json.loads(line[6:])["choices"]):
+                    first = time.perf_counter()
+            elif line.startswith("data: {") and '"usage"' in line:
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
     end = time.perf_counter()
     return {"ttft": (first or end) - started, "e2e": end - started, "tokens": tokens}
 
@@ -214,7 +212,8 @@ def main() -> None:
             proc.wait(30)
     out = {
         "model": args.model, "device": args.device, "max_tokens": args.max_tokens,
-        "rounds": args.rounds, "cpu_count": os.cpu_count(), "results": results,
+        "rounds": args.rounds, "cpu_count": os.cpu_count(),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "results": results,
         "targets": verdict(results, args.concurrency),
     }  # fmt: skip
     print(json.dumps(out, indent=2))
