@@ -89,9 +89,7 @@ class ServerState:
 
     async def open(self) -> None:
         """Connect Redis, load the model, start the engine, trace writer and weight follower."""
-        from server.engine import TorchEngine
         from server.tools import ChatTemplate
-        from server.traces import TraceWriter, WeightFollower
 
         cfg = self.settings.server
         if self.settings.redis_url is None:
@@ -108,23 +106,8 @@ class ServerState:
             loaded = await asyncio.to_thread(load_model, self.settings.model, cfg.device)
         self.preloaded = None
         self.model_name = served_model_name(self.settings.model)
-        self.engine = TorchEngine(
-            loaded.model,
-            loaded.tokenizer,
-            max_batch_size=cfg.max_batch_size,
-            max_model_len=cfg.max_model_len,
-            device=cfg.device,
-        )
-        await self.engine.start()
-        self._closers.append(self.engine.stop)
-        self.traces = TraceWriter(self.settings.redis_url, self.settings.spool_dir, self.registry)
-        await self.traces.start()
-        self._closers.append(self.traces.stop)
-        self.follower = WeightFollower(
-            self.engine, self.settings.redis_url, self.registry, follow=cfg.follow_weights
-        )
-        await self.follower.start()
-        self._closers.append(self.follower.stop)
+        await self._start_engine(loaded)
+        await self._start_companions(self.settings.redis_url)
         self.sessions = SessionStore(self.redis, cfg.session_ttl_s)
         self.chat = self._chat_service(loaded, ChatTemplate(loaded.tokenizer))
         self.metrics.bind(
@@ -137,6 +120,33 @@ class ServerState:
         log.info(
             "serving %s (policy v%d) on the torch engine", self.model_name, self.engine.version
         )
+
+    async def _start_engine(self, loaded: LoadedModel) -> None:
+        from server.engine import TorchEngine
+
+        cfg = self.settings.server
+        self.engine = TorchEngine(
+            loaded.model,
+            loaded.tokenizer,
+            max_batch_size=cfg.max_batch_size,
+            max_model_len=cfg.max_model_len,
+            device=cfg.device,
+        )
+        await self.engine.start()
+        self._closers.append(self.engine.stop)
+
+    async def _start_companions(self, redis_url: str) -> None:
+        """The trace writer (turn records) and the weight follower (hot-swaps)."""
+        from server.traces import TraceWriter, WeightFollower
+
+        self.traces = TraceWriter(redis_url, self.settings.spool_dir, self.registry)
+        await self.traces.start()
+        self._closers.append(self.traces.stop)
+        self.follower = WeightFollower(
+            self.engine, redis_url, self.registry, follow=self.settings.server.follow_weights
+        )
+        await self.follower.start()
+        self._closers.append(self.follower.stop)
 
     def _chat_service(self, loaded: LoadedModel, template: Any) -> ChatService:
         return ChatService(

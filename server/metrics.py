@@ -48,6 +48,10 @@ class ServerMetrics:
         self.completion_tokens = Counter(
             "liveloop_completion_tokens", "Completion tokens generated.", registry=registry
         )
+        self._counters(registry)
+        self._gauges(registry)
+
+    def _counters(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
             "liveloop_requests",
             "Finished chat samples by finish reason.",
@@ -63,6 +67,8 @@ class ServerMetrics:
         self.errors = Counter(
             "liveloop_errors", "Error responses by type.", ["type"], registry=registry
         )
+
+    def _gauges(self, registry: CollectorRegistry) -> None:
         self.running = Gauge(
             "liveloop_requests_running", "Sequences being decoded.", registry=registry
         )

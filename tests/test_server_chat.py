@@ -11,7 +11,7 @@ import openai
 import pytest
 import redis
 
-from tests.server_proc import API_KEYS, tenant_of, wait_for_turns
+from tests.server_proc import API_KEYS, metric_value, tenant_of, wait_for_turns
 
 pytest_plugins = ["tests.server_fixtures"]
 
@@ -218,3 +218,30 @@ def test_json_schema_response_format_is_valid_json(client: openai.OpenAI) -> Non
     assert obj.choices[0].finish_reason in ("stop", "length")
     if obj.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+
+
+def test_metrics_exposition(client: openai.OpenAI, server_url: str) -> None:
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3)
+    text = httpx.get(server_url + "/metrics").text
+    for name in (
+        "liveloop_time_to_first_token_seconds_count",
+        "liveloop_inter_token_latency_seconds_count",
+        "liveloop_e2e_request_latency_seconds_count",
+        "liveloop_prompt_tokens_total",
+        "liveloop_completion_tokens_total",
+    ):
+        value = metric_value(text, name)
+        assert value is not None and value > 0, name
+    for name in (
+        "liveloop_requests_running",
+        "liveloop_requests_queued",
+        "liveloop_policy_version",
+        "liveloop_trace_spool_backlog",
+        "liveloop_trace_capture_enabled",
+    ):
+        assert metric_value(text, name) is not None, name
+    assert "liveloop_trace_write_seconds_bucket" in text
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=HELLO, max_tokens=1)
+    text = httpx.get(server_url + "/metrics").text
+    assert 'liveloop_errors_total{type="model_not_found"}' in text

@@ -47,7 +47,9 @@ def test_replies_go_on_while_redis_is_down(own_valkey: EmbeddedValkey, tmp_path:
             server.base_url + "/v1/feedback", json={"session_id": down_sid, "score": 1}
         )
         assert feedback.status_code == 503
-        backlog = metric_value(httpx.get(server.base_url + "/metrics").text, "liveloop_trace_spool_backlog")
+        backlog = metric_value(
+            httpx.get(server.base_url + "/metrics").text, "liveloop_trace_spool_backlog"
+        )
         assert backlog is not None and backlog >= 1
         own_valkey.start()
         client_redis = redis.Redis.from_url(own_valkey.url, decode_responses=True)
