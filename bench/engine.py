@@ -45,7 +45,7 @@ def bench_prompts(loaded: LoadedModel, count: int) -> list[list[int]]:
     prompts = []
     for i in range(count):
         text = f"Explain {TOPICS[i % len(TOPICS)]}. " + FILLER * (i % 5)
-        ids = loaded.tokenizer.apply_chat_template(
+        ids: Any = loaded.tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
         )
         if not isinstance(ids, list):  # transformers 5 may return a BatchEncoding
@@ -76,15 +76,22 @@ async def bench_model(
         "batched": TorchEngine(loaded.model, loaded.tokenizer, max_batch_size=max(levels)),
         "one_at_a_time": TorchEngine(loaded.model, loaded.tokenizer, max_batch_size=1),
     }
-    result: dict[str, dict[str, float]] = {mode: {} for mode in engines}
-    for mode, engine in engines.items():
+    runs: dict[str, dict[str, list[float]]] = {m: {str(lvl): [] for lvl in levels} for m in engines}
+    for engine in engines.values():
         await engine.start()
         await run_batch(engine, prompts[:1], 4)  # warm-up
+    # Modes alternate within each repeat so that load from other processes hits both alike.
+    for _ in range(repeats):
         for level in levels:
-            runs = [await run_batch(engine, prompts[:level], max_tokens) for _ in range(repeats)]
-            result[mode][str(level)] = round(max(runs), 2)
-            print(f"{name} {mode} x{level}: {[round(r, 1) for r in runs]} tok/s", file=sys.stderr)
+            for mode, engine in engines.items():
+                tps = await run_batch(engine, prompts[:level], max_tokens)
+                runs[mode][str(level)].append(tps)
+                print(f"{name} {mode} x{level}: {tps:.1f} tok/s", file=sys.stderr)
+    for engine in engines.values():
         await engine.stop()
+    result = {
+        m: {lvl: round(max(r), 2) for lvl, r in by_level.items()} for m, by_level in runs.items()
+    }
     speedup = {
         lvl: round(result["batched"][lvl] / result["one_at_a_time"][lvl], 2)
         for lvl in result["batched"]
@@ -92,6 +99,9 @@ async def bench_model(
     lengths = [len(p) for p in prompts]
     return {
         **result,
+        "all_runs": {
+            m: {lvl: [round(x, 1) for x in r] for lvl, r in v.items()} for m, v in runs.items()
+        },
         "speedup": speedup,
         "prompt_tokens": {"min": min(lengths), "max": max(lengths)},
     }
@@ -115,7 +125,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny-random", "smollm2-135m"])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,4,16")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     print(json.dumps(asyncio.run(main_async(args))))
 
