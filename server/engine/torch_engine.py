@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all
 from server.engine.types import (
     ContextLengthError,
     EngineError,
+    EngineStats,
     InvalidRequestError,
     SamplingParams,
     TokenOutput,
@@ -68,6 +70,7 @@ class TorchEngine:
         self._max_batch_size = max_batch_size
         self._prefill_chunk = max(1, prefill_chunk_tokens)
         self._staging: tuple[Request, Prefill] | None = None
+        self._stats = EngineStats()
         self._max_model_len = max_model_len or default_max_len(model)
         self._version = version
         self._cache = self._runner.new_cache(max_batch_size, self._max_model_len)
@@ -111,6 +114,11 @@ class TorchEngine:
         """Requests queued for a free batch slot."""
         with self._cond:
             return len(self._waiting)
+
+    @property
+    def stats(self) -> EngineStats:
+        """A snapshot of the decode loop's cumulative counters."""
+        return dataclasses.replace(self._stats)
 
     @property
     def is_running(self) -> bool:
@@ -250,7 +258,10 @@ class TorchEngine:
         if self._runner.device.type == "cuda":
             torch.cuda.synchronize(self._runner.device)
         self._version = swap.version
-        return time.perf_counter() - started
+        pause = time.perf_counter() - started
+        self._stats.weight_swaps += 1
+        self._stats.swap_pause_seconds += pause
+        return pause
 
     def _apply_swaps(self) -> None:
         with self._cond:
@@ -286,8 +297,12 @@ class TorchEngine:
         self._reap()
         self._admit()
         if self._running:
+            started = time.perf_counter()
             logits = self._runner.decode(self._cache, [r.output[-1] for r in self._running])
             self._process(list(self._running), logits)
+            self._stats.decode_steps += 1
+            self._stats.decode_tokens += len(logits)
+            self._stats.decode_seconds += time.perf_counter() - started
 
     def _admit(self) -> None:
         """Prefill the oldest waiting request, at most `prefill_chunk_tokens` per iteration.
@@ -306,7 +321,10 @@ class TorchEngine:
             state = self._staging[1]
             take = min(budget, state.remaining)
             budget -= take
+            started = time.perf_counter()
             logits = self._runner.prefill_step(state, take)
+            self._stats.prefill_tokens += take
+            self._stats.prefill_seconds += time.perf_counter() - started
             if logits is None:
                 return
             self._staging = None
