@@ -32,7 +32,8 @@ def tiny() -> LoadedModel:
 
 @pytest.fixture
 async def engine(tiny: LoadedModel) -> AsyncIterator[TorchEngine]:
-    eng = TorchEngine(tiny.model, tiny.tokenizer, max_batch_size=4)
+    # Small prefill chunks so the longer prompts are prefilled over several iterations.
+    eng = TorchEngine(tiny.model, tiny.tokenizer, max_batch_size=4, prefill_chunk_tokens=7)
     await eng.start()
     yield eng
     await eng.stop()
@@ -356,3 +357,34 @@ async def test_swap_without_running_loop_applies_at_once(
     await eng.swap_weights(new, version=9)
     assert eng.version == 9
     assert torch.equal(model_copy.state_dict()["lm_head.weight"], new["model.embed_tokens.weight"])
+
+
+class Broken(AllowOnly):
+    """A grammar hook that raises, as a buggy xgrammar matcher might."""
+
+    def allowed_token_mask(self, vocab_size: int) -> torch.Tensor | None:
+        raise RuntimeError("matcher exploded")
+
+
+async def test_failing_constraint_fails_only_its_request(engine: TorchEngine) -> None:
+    other = asyncio.create_task(collect(engine, PROMPTS[0], greedy(30)))
+    with pytest.raises(EngineError, match="matcher exploded"):
+        await collect(engine, PROMPTS[1], SamplingParams(max_tokens=5, constraint=Broken([1])))
+    assert len(await other) == 30
+
+
+async def test_internal_failure_fails_batch_and_engine_recovers(
+    engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = engine.generate(PROMPTS[0], greedy(LONG))
+    await anext(gen)
+
+    def broken_decode(*args: object) -> torch.Tensor:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(engine._runner, "decode", broken_decode)
+    with pytest.raises(EngineError, match="out of memory"):
+        async for _ in gen:
+            pass
+    monkeypatch.undo()
+    assert len(await collect(engine, PROMPTS[1], greedy(4))) == 4

@@ -7,6 +7,7 @@ from server.engine.torch_engine import TorchEngine
 from server.engine.types import (
     ContextLengthError,
     EngineError,
+    EngineStats,
     InvalidRequestError,
     SamplingParams,
     TokenConstraint,
@@ -17,6 +18,7 @@ from server.engine.types import (
 __all__ = [
     "ContextLengthError",
     "EngineError",
+    "EngineStats",
     "InvalidRequestError",
     "SamplingParams",
     "TokenConstraint",

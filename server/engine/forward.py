@@ -2,7 +2,8 @@
 
 Why not `model(...)`: continuous batching needs each row to attend to its own slice of a
 shared, right-aligned KV cache (see `kv_cache.py`) with its own positions, and joiners to
-be prefilled into that cache without touching the other rows. Re-using the HF modules
+be prefilled (in chunks, into staging buffers) and then moved into that cache without
+touching the other rows. Re-using the HF modules
 (projections, norms, MLP, rotary embedding) and writing only the attention plumbing keeps
 the arithmetic identical to the HF forward, and the runner checks that numerically at
 start-up (`self_check`), so an architecture it does not understand is refused instead of
@@ -11,6 +12,7 @@ served wrongly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +24,21 @@ from server.engine.types import EngineError
 
 LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(eq=False)
+class Prefill:
+    """A prompt being prefilled chunk by chunk into its own K/V buffers `[1, kv, L, dim]`."""
+
+    token_ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    done: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens not run yet."""
+        return len(self.token_ids) - self.done
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -111,20 +128,54 @@ class LlamaRunner:
         out: torch.Tensor = self.lm_head(self.norm(h))
         return out
 
-    def prefill(self, cache: BatchKVCache, row: int, token_ids: list[int]) -> torch.Tensor:
-        """Run a prompt alone, store its keys/values in `row`; logits `[vocab]` of its end."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        pos = torch.arange(len(token_ids), device=self.device)[None]
+    def start_prefill(self, token_ids: list[int]) -> Prefill:
+        """Staging buffers for a prompt that will be prefilled chunk by chunk."""
+        shape = (1, self.kv_heads, len(token_ids), self.head_dim)
+        return Prefill(
+            token_ids=token_ids,
+            keys=[torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers],
+            values=[torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers],
+        )
+
+    def prefill_step(self, state: Prefill, max_tokens: int) -> torch.Tensor | None:
+        """Run the next chunk (at most `max_tokens`) of a prompt; logits `[vocab]` at its end.
+
+        Returns None until the whole prompt has been run.
+        """
+        begin = state.done
+        end = min(len(state.token_ids), begin + max(1, max_tokens))
+        ids = torch.tensor([state.token_ids[begin:end]], dtype=torch.long, device=self.device)
+        pos = torch.arange(begin, end, device=self.device)[None]
+        # Query i (position begin + i) sees keys 0..begin + i.
+        mask = None
+        if begin:
+            cols = torch.arange(end, device=self.device)
+            mask = cols[None, :] <= pos[0, :, None]
         h = self.embed(ids)
         cos, sin = self.rotary(h, pos)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
-            cache.write_prefill(i, row, k[0], v[0])
+            state.keys[i][:, :, begin:end] = k
+            state.values[i][:, :, begin:end] = v
             out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scaling, enable_gqa=True
+                q,
+                state.keys[i][:, :, :end],
+                state.values[i][:, :, :end],
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scaling,
+                enable_gqa=True,
             )
             h = self._finish_layer(layer, h, out)
-        return self._logits(h[0, -1])
+        state.done = end
+        return self._logits(h[0, -1]) if end == len(state.token_ids) else None
+
+    def join(self, cache: BatchKVCache, state: Prefill) -> int:
+        """Move a fully prefilled prompt into a new row of the batch cache; returns the row."""
+        row = cache.add_row(len(state.token_ids))
+        for i in range(len(self.layers)):
+            cache.write_prefill(i, row, state.keys[i][0], state.values[i][0])
+        return row
 
     def decode(self, cache: BatchKVCache, token_ids: list[int]) -> torch.Tensor:
         """One step for every row: feed its last token at its next position; logits `[rows, V]`."""
@@ -159,8 +210,11 @@ class LlamaRunner:
         cache = self.new_cache(max_rows=2, max_len=16)
         got: list[list[torch.Tensor]] = [[], []]
         for row, seq in enumerate(seqs):
-            cache.add_row(len(seq) - 2)
-            got[row].append(self.prefill(cache, row, seq[:-2]))
+            state = self.start_prefill(seq[:-2])
+            while (logits := self.prefill_step(state, 3)) is None:
+                pass
+            self.join(cache, state)
+            got[row].append(logits)
         for step in (2, 1):
             logits = self.decode(cache, [seq[-step] for seq in seqs])
             for row in range(2):

@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from server.engine.forward import LlamaRunner
+from server.engine.forward import LlamaRunner, Prefill
 from server.engine.sampling import Sampled, find_stop_string, sample_batch
+from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all, settle
 from server.engine.types import (
     ContextLengthError,
     EngineError,
+    EngineStats,
     InvalidRequestError,
     SamplingParams,
     TokenOutput,
@@ -36,73 +38,6 @@ from server.engine.types import (
 from server.engine.weights import WeightSpec
 
 MAX_TOP_LOGPROBS = 20
-
-
-@dataclass(eq=False)
-class _Request:
-    """A request's state, shared by its consumer (event loop) and the decode thread."""
-
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenOutput | Exception]
-    generator: torch.Generator | None
-    stop_ids: frozenset[int]
-    max_new: int
-    output: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    done: bool = False
-
-
-@dataclass(eq=False)
-class _Swap:
-    """A validated state dict waiting to be applied between two decode steps."""
-
-    state_dict: Mapping[str, torch.Tensor]
-    version: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[float]
-
-
-def _put_all(
-    items: list[tuple[asyncio.Queue[TokenOutput | Exception], TokenOutput | Exception]],
-) -> None:
-    for queue, item in items:
-        queue.put_nowait(item)
-
-
-def _settle(future: asyncio.Future[float], value: float | Exception) -> None:
-    if future.done():
-        return
-    if isinstance(value, Exception):
-        future.set_exception(value)
-    else:
-        future.set_result(value)
-
-
-def _eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
-    """End-of-sequence ids from the tokenizer and the model's generation config."""
-    found: set[int] = set()
-    gen_config = getattr(model, "generation_config", None)
-    for value in (
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(gen_config, "eos_token_id", None),
-    ):
-        if isinstance(value, int):
-            found.add(value)
-        elif isinstance(value, list | tuple):
-            found.update(int(v) for v in value)
-    return frozenset(found)
-
-
-def _default_max_len(model: nn.Module) -> int:
-    config: Any = getattr(model, "config", None)
-    limit = int(getattr(config, "max_position_embeddings", None) or 2048)
-    window = getattr(config, "sliding_window", None)
-    if isinstance(window, int) and window > 0 and getattr(config, "use_sliding_window", True):
-        limit = min(limit, window)  # within the window, full attention is exact
-    return limit
 
 
 class TorchEngine:
@@ -117,6 +52,7 @@ class TorchEngine:
         max_model_len: int | None = None,
         device: str = "cpu",
         version: int = 0,
+        prefill_chunk_tokens: int = 512,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -130,15 +66,18 @@ class TorchEngine:
         # The decode thread decodes stop-string windows with its own copy: a fast tokenizer
         # used by two threads at once can fail with "Already borrowed".
         self._stop_tokenizer = copy.deepcopy(tokenizer)
-        self._eos = _eos_ids(model, tokenizer)
+        self._eos = eos_ids(model, tokenizer)
         self._max_batch_size = max_batch_size
-        self._max_model_len = max_model_len or _default_max_len(model)
+        self._prefill_chunk = max(1, prefill_chunk_tokens)
+        self._staging: tuple[Request, Prefill] | None = None
+        self._stats = EngineStats()
+        self._max_model_len = max_model_len or default_max_len(model)
         self._version = version
         self._cache = self._runner.new_cache(max_batch_size, self._max_model_len)
         self._cond = threading.Condition()
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
-        self._swaps: list[_Swap] = []
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._swaps: list[Swap] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._log = logging.getLogger(__name__)
@@ -177,6 +116,11 @@ class TorchEngine:
             return len(self._waiting)
 
     @property
+    def stats(self) -> EngineStats:
+        """A snapshot of the decode loop's cumulative counters."""
+        return dataclasses.replace(self._stats)
+
+    @property
     def is_running(self) -> bool:
         """True between start() and stop()."""
         return self._thread is not None and not self._stopping
@@ -205,9 +149,10 @@ class TorchEngine:
             self._running, self._waiting = [], deque()
             self._thread = None
         self._cache.clear()
+        self._staging = None
         self._deliver([(r, EngineError("engine stopped")) for r in pending])
         for swap in swaps:
-            swap.loop.call_soon_threadsafe(_settle, swap.future, EngineError("engine stopped"))
+            swap.loop.call_soon_threadsafe(settle, swap.future, EngineError("engine stopped"))
 
     # ----------------------------------------------------------------- requests
     def generate(
@@ -253,7 +198,7 @@ class TorchEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self._runner.device)
             generator.manual_seed(params.seed)
-        req = _Request(
+        req = Request(
             request_id=request_id,
             prompt=prompt,
             params=params,
@@ -281,7 +226,7 @@ class TorchEngine:
             if not req.done:
                 self._cancel(req)
 
-    def _cancel(self, req: _Request) -> None:
+    def _cancel(self, req: Request) -> None:
         with self._cond:
             req.cancelled = True
             if req in self._waiting:
@@ -297,7 +242,7 @@ class TorchEngine:
         """Validate, then apply between two decode steps; returns the decode pause (s)."""
         await asyncio.to_thread(self._weights.validate, state_dict)
         loop = asyncio.get_running_loop()
-        swap = _Swap(state_dict, version, loop, loop.create_future())
+        swap = Swap(state_dict, version, loop, loop.create_future())
         with self._cond:
             queued = self.is_running
             if queued:
@@ -307,13 +252,16 @@ class TorchEngine:
             return await asyncio.to_thread(self._apply_swap, swap)
         return await swap.future
 
-    def _apply_swap(self, swap: _Swap) -> float:
+    def _apply_swap(self, swap: Swap) -> float:
         started = time.perf_counter()
         self._weights.apply(swap.state_dict)
         if self._runner.device.type == "cuda":
             torch.cuda.synchronize(self._runner.device)
         self._version = swap.version
-        return time.perf_counter() - started
+        pause = time.perf_counter() - started
+        self._stats.weight_swaps += 1
+        self._stats.swap_pause_seconds += pause
+        return pause
 
     def _apply_swaps(self) -> None:
         with self._cond:
@@ -326,7 +274,7 @@ class TorchEngine:
                 result = EngineError(
                     f"applying weights failed (model may be partly updated): {exc}"
                 )
-            swap.loop.call_soon_threadsafe(_settle, swap.future, result)
+            swap.loop.call_soon_threadsafe(settle, swap.future, result)
 
     # ----------------------------------------------------------------- decode thread
     def _run(self) -> None:
@@ -349,19 +297,43 @@ class TorchEngine:
         self._reap()
         self._admit()
         if self._running:
+            started = time.perf_counter()
             logits = self._runner.decode(self._cache, [r.output[-1] for r in self._running])
             self._process(list(self._running), logits)
+            self._stats.decode_steps += 1
+            self._stats.decode_tokens += len(logits)
+            self._stats.decode_seconds += time.perf_counter() - started
 
     def _admit(self) -> None:
-        """Prefill waiting requests (FIFO) into free rows; each emits its first token."""
-        while len(self._running) < self._max_batch_size:
+        """Prefill the oldest waiting request, at most `prefill_chunk_tokens` per iteration.
+
+        Chunking bounds how long a long prompt stalls the running requests' next token. A
+        fully prefilled prompt joins the batch and emits its first token.
+        """
+        budget = self._prefill_chunk
+        while budget > 0 and len(self._running) < self._max_batch_size:
             with self._cond:
-                if not self._waiting:
-                    return
-                req = self._waiting.popleft()
-                row = self._cache.add_row(len(req.prompt))
+                req = self._waiting[0] if self._waiting else None
+            if req is None:
+                return
+            if self._staging is None or self._staging[0] is not req:
+                self._staging = (req, self._runner.start_prefill(req.prompt))
+            state = self._staging[1]
+            take = min(budget, state.remaining)
+            budget -= take
+            started = time.perf_counter()
+            logits = self._runner.prefill_step(state, take)
+            self._stats.prefill_tokens += take
+            self._stats.prefill_seconds += time.perf_counter() - started
+            if logits is None:
+                return
+            self._staging = None
+            with self._cond:
+                if req.cancelled:  # _cancel already took it out of the queue
+                    continue
+                self._waiting.popleft()
                 self._running.append(req)
-            logits = self._runner.prefill(self._cache, row, req.prompt)
+            self._runner.join(self._cache, state)
             self._process([req], logits[None])
 
     def _reap(self) -> None:
@@ -375,18 +347,23 @@ class TorchEngine:
                     self._running.pop()
 
     def _fail_running(self, error: EngineError) -> None:
+        """After an internal failure: fail the batch and the prompt being prefilled."""
         with self._cond:
             failed, self._running = self._running, []
+            if self._staging is not None and self._staging[0] in self._waiting:
+                self._waiting.remove(self._staging[0])
+                failed.append(self._staging[0])
+            self._staging = None
         self._cache.clear()
         for req in failed:
             req.done = True
         self._deliver([(r, EngineError(str(error))) for r in failed])
 
-    def _process(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+    def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample each row, record the token, decide whether it ends, hand it out."""
         version = self._version
         sampled = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        out: list[tuple[_Request, TokenOutput | Exception]] = []
+        out: list[tuple[Request, TokenOutput | Exception]] = []
         for req, result in zip(reqs, sampled, strict=True):
             if req.cancelled:
                 continue
@@ -400,7 +377,7 @@ class TorchEngine:
         self._deliver(out)
         self._reap()
 
-    def _advance(self, req: _Request, sampled: Sampled, version: int) -> TokenOutput:
+    def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:
         token = sampled.token_id
         req.output.append(token)
         params = req.params
@@ -412,7 +389,7 @@ class TorchEngine:
             token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
         )
 
-    def _finish_reason(self, req: _Request, token: int) -> tuple[str | None, str | None]:
+    def _finish_reason(self, req: Request, token: int) -> tuple[str | None, str | None]:
         """("stop" | "length" | None, the stop string that matched) after `token`."""
         params = req.params
         if token in req.stop_ids:
@@ -427,14 +404,14 @@ class TorchEngine:
             return "length", None
         return None, None
 
-    def _deliver(self, items: list[tuple[_Request, TokenOutput | Exception]]) -> None:
+    def _deliver(self, items: list[tuple[Request, TokenOutput | Exception]]) -> None:
         """Hand items to their consumers' event loops, one callback per loop."""
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for req, item in items:
             by_loop.setdefault(req.loop, []).append((req.queue, item))
         for loop, batch in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, batch)
+                loop.call_soon_threadsafe(put_all, batch)
             except RuntimeError:  # the consumer's loop is closed: nobody is listening
                 for req, _ in items:
                     if req.loop is loop:

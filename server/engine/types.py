@@ -61,6 +61,19 @@ class TokenOutput:
     stop_string: str | None = None
 
 
+@dataclass
+class EngineStats:
+    """Cumulative counters of an engine's decode loop, for /metrics and benchmarks."""
+
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0  # forward + sampling of the decode steps
+    weight_swaps: int = 0
+    swap_pause_seconds: float = 0.0
+
+
 class EngineError(RuntimeError):
     """The engine cannot serve a request (stopped, internal failure, bad input)."""
 
