@@ -254,3 +254,16 @@ async def test_follower_reconnects_after_redis_restarts(
     finally:
         await follower.stop()
         server.stop()
+
+
+async def test_stop_returns_promptly_while_following(engine: TorchEngine, redis_url: str) -> None:
+    # redis-py on Python 3.11 can swallow a task cancellation during a socket write;
+    # stop() must still end the follower within about one blocking read.
+    for i in range(10):
+        follower = WeightFollower(engine, redis_url, CollectorRegistry(), block_ms=50)
+        await follower.start()
+        await wait_for(lambda f=follower: f.connected)  # type: ignore[misc]
+        await asyncio.sleep(0.013 * i)
+        started = time.monotonic()
+        await asyncio.wait_for(follower.stop(), timeout=5.0)
+        assert time.monotonic() - started < 3.0 and not follower.connected

@@ -98,6 +98,7 @@ class WeightFollower:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._last_id: str | None = None
+        self._stopping = False
         self.connected = False
 
     @property
@@ -115,13 +116,16 @@ class WeightFollower:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("weight follower failed")
+        self._stopping = True
+        # On Python 3.11 redis-py can swallow a cancellation (asyncio.wait_for around a
+        # socket write), so cancel until the task is done; the flag ends it after one read.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        self._stopping = False
+        self.connected = False
+        if not task.cancelled() and task.exception() is not None:
+            log.error("weight follower failed", exc_info=task.exception())
 
     async def load(self, path: str, version: int | None = None) -> int:
         """Load, validate and swap in a checkpoint; the new version, or CheckpointError."""
@@ -180,7 +184,7 @@ class WeightFollower:
         """Read announcements forever, reconnecting with backoff when Redis drops."""
         assert self.redis_url is not None
         delay = self.reconnect_initial_s
-        while True:
+        while not self._stopping:
             client = aredis.from_url(
                 self.redis_url,
                 decode_responses=True,
@@ -213,7 +217,7 @@ class WeightFollower:
             self.connected = True
             await self._consider([dict(fields) for _id, fields in latest or []])
         self.connected = True
-        while True:
+        while not self._stopping:
             last_id: str = self._last_id
             reply: Any = await client.xread({key: last_id}, count=64, block=self.block_ms)
             batch: list[dict[str, str]] = []
