@@ -37,13 +37,20 @@ REDIS_TIMEOUT_S = 0.5
 BACKOFF_S = 2.0
 LOCAL_CACHE = 10_000
 
-# ARGV: session id, tenant, ttl, now. Returns the turn index, or -1 for another tenant's session.
+# ARGV: session id, tenant, ttl, now, lowest acceptable index (turns this process already
+# handed out while Redis was unreachable must not be reused: records are deduplicated by
+# session:turn:sample). Returns the turn index, or -1 for another tenant's session.
 _ALLOCATE = """
 local skey = 'liveloop:session:' .. ARGV[1]
 local owner = redis.call('HGET', skey, 'tenant')
 if owner and owner ~= ARGV[2] then return -1 end
 if not owner then redis.call('HSET', skey, 'tenant', ARGV[2], 'created_at', ARGV[4]) end
 local idx = redis.call('HINCRBY', skey, 'turns', 1) - 1
+local floor = tonumber(ARGV[5])
+if idx < floor then
+  redis.call('HSET', skey, 'turns', floor + 1)
+  idx = floor
+end
 redis.call('HSET', skey, 'updated_at', ARGV[4])
 redis.call('EXPIRE', skey, tonumber(ARGV[3]))
 return idx
@@ -187,7 +194,8 @@ class SessionStore:
         sid = session_id or new_session_id()
         if not self._available():
             return self._local_turn(sid)
-        args: list[str | int] = [sid, tenant, self.ttl_s, f"{time.time():.3f}"]
+        floor = self._local_turns.get(sid, -1) + 1
+        args: list[str | int] = [sid, tenant, self.ttl_s, f"{time.time():.3f}", floor]
         try:
             index = int(await asyncio.wait_for(self._script(keys=[], args=args), REDIS_TIMEOUT_S))
         except (redis.RedisError, OSError, TimeoutError) as exc:

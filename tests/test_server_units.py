@@ -83,6 +83,16 @@ async def test_session_store_degrades_without_redis() -> None:
     await client.aclose()
 
 
+async def test_turns_given_out_during_an_outage_are_not_reused(aredis_client: aredis.Redis) -> None:
+    store = SessionStore(aredis_client, ttl_s=60)
+    assert (await store.allocate("t", "s2")).turn_index == 0
+    store._down_until = time.monotonic() + 60  # Redis "unreachable": local counters
+    assert [(await store.allocate("t", "s2")).turn_index for _ in range(2)] == [1, 2]
+    store._down_until = 0.0  # back: Redis knows only turn 0, yet 1 and 2 are taken
+    assert (await store.allocate("t", "s2")).turn_index == 3
+    assert (await store.allocate("t", "s2")).turn_index == 4
+
+
 def test_prompt_extends_previous_ids_when_the_template_agrees(tokenizer: Any) -> None:
     template = ChatTemplate(tokenizer)
     builder = PromptBuilder(template, tokenizer)
