@@ -105,17 +105,29 @@ def test_stop_string_cuts_the_reply(client: openai.OpenAI) -> None:
 
 async def test_async_client_streams_n_samples(async_client: openai.AsyncOpenAI) -> None:
     stream = await async_client.chat.completions.create(
-        model=MODEL, messages=HELLO, max_tokens=4, n=2, stream=True, seed=5
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=4,
+        n=2,
+        stream=True,
+        seed=5,
+        logprobs=True,
+        top_logprobs=2,
     )
     texts = {0: "", 1: ""}
     finishes = {}
+    logprobs: dict[int, list[Any]] = {0: [], 1: []}
     async for chunk in stream:
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
+            if choice.logprobs and choice.logprobs.content:
+                logprobs[choice.index] += choice.logprobs.content
             if choice.finish_reason:
                 finishes[choice.index] = choice.finish_reason
     assert finishes == {0: "length", 1: "length"}
     assert all(texts.values())
+    for entries in logprobs.values():
+        assert len(entries) == 4 and all(len(e.top_logprobs) == 2 for e in entries)
 
 
 def test_models_list_and_alias(client: openai.OpenAI, server_url: str) -> None:
