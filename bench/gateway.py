@@ -8,7 +8,7 @@ in-process, in the same run, rounds interleaved, at 1 and 32 concurrent streams.
 Target: the server adds at most 2 ms to the median TTFT and costs at most 5% tokens/s at
 32 streams. Prints one JSON object to stdout; progress goes to stderr.
 
-    python bench/gateway.py --model tiny-random --max-tokens 64 --rounds 5
+    python bench/gateway.py --model tiny-random --max-tokens 64 --rounds 5 --single-rounds 30
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
             await asyncio.gather(*(engine_stream(engine, prompt, warm, 8) for _ in range(8)))
         for level in args.concurrency:
             runs: dict[str, list[list[dict[str, float]]]] = {"inprocess": [], "http": []}
-            for rnd in range(args.rounds):
+            rounds = args.rounds if level > 1 else max(args.rounds, args.single_rounds)
+            for rnd in range(rounds):
                 seeds = [rnd * 1000 + i for i in range(level)]
                 runs["inprocess"].append(
                     list(
@@ -200,6 +201,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--single-rounds", type=int, default=30, help="rounds at 1 stream")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     args = parser.parse_args()
