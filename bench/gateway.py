@@ -1,0 +1,225 @@
+"""Benchmark of what the HTTP server adds on top of the engine it wraps.
+
+Why: agents talk to the engine through the OpenAI-compatible server (auth, sessions,
+token-exact trace capture, SSE). This measures time to first token, end-to-end latency
+and generated tokens/s for streamed requests through a real `liveloop serve` subprocess
+(embedded Valkey, trace capture on) against calling a TorchEngine on the same model
+in-process, in the same run, rounds interleaved, at 1 and 32 concurrent streams.
+Target: the server adds at most 2 ms to the median TTFT and costs at most 5% tokens/s at
+32 streams. Prints one JSON object to stdout; progress goes to stderr.
+
+    python bench/gateway.py --model tiny-random --max-tokens 64 --rounds 5 --single-rounds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from liveloop.models import load_model
+from liveloop.valkey import EmbeddedValkey, free_port
+
+MESSAGES = [{"role": "user", "content": "Explain how a CPU cache works, with one example."}]
+TARGET_TTFT_ADDED_MS = 2.0
+TARGET_TPS_DROP_PCT = 5.0
+
+
+def log(msg: str) -> None:
+    """Progress to stderr."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def start_server(
+    args: argparse.Namespace, redis_url: str, data_dir: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`liveloop serve` on a free port; returns the process and its base URL once ready."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVELOOP_")}
+    env.update(
+        PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+        LIVELOOP_SERVER__MAX_BATCH_SIZE=str(args.max_batch_size),
+        LIVELOOP_SERVER__DEVICE=args.device,
+        LIVELOOP_LOG_LEVEL="WARNING",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "liveloop.cli",
+        "serve",
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+    ]
+    cmd += ["--redis-url", redis_url, "--data-dir", str(data_dir)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=sys.stderr)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("the server did not become ready")
+
+
+async def http_stream(
+    client: httpx.AsyncClient, url: str, model: str, seed: int, max_tokens: int
+) -> dict[str, float]:
+    """One streamed request through the server: TTFT, end-to-end seconds, tokens."""
+    body = {
+        "model": model, "messages": MESSAGES, "max_tokens": max_tokens, "seed": seed,
+        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }  # fmt: skip
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                if any(c["delta"].get("content") for c in json.loads(line[6:])["choices"]):
+                    first = time.perf_counter()
+            elif line.startswith("data: {") and '"usage"' in line:
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    return {"ttft": (first or end) - started, "e2e": end - started, "tokens": tokens}
+
+
+async def engine_stream(
+    engine: Any, prompt: list[int], seed: int, max_tokens: int
+) -> dict[str, float]:
+    """One request straight to the in-process engine."""
+    from server.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=True)
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    async for _out in engine.generate(prompt, params):
+        tokens += 1
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return {"ttft": (first or end) - started, "e2e": end - started, "tokens": tokens}
+
+
+def summarize(runs: list[list[dict[str, float]]]) -> dict[str, float]:
+    """Median/p90 TTFT and e2e (ms) over all streams, tokens/s over each round's wall time."""
+    streams = [s for rnd in runs for s in rnd]
+    ttft = sorted(s["ttft"] * 1e3 for s in streams)
+    e2e = sorted(s["e2e"] * 1e3 for s in streams)
+    tps = [sum(s["tokens"] for s in rnd) / max(s["e2e"] for s in rnd) for rnd in runs]
+    return {
+        "ttft_ms_p50": round(statistics.median(ttft), 3),
+        "ttft_ms_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 3),
+        "e2e_ms_p50": round(statistics.median(e2e), 3),
+        "tokens_per_s": round(statistics.median(tps), 1),
+        "streams": len(streams),
+    }
+
+
+async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """Interleaved rounds of both paths at every concurrency level."""
+    from server.engine import TorchEngine
+    from server.tools import ChatTemplate
+
+    loaded = load_model(args.model, args.device)
+    prompt = ChatTemplate(loaded.tokenizer).render_ids(MESSAGES, None)
+    engine = TorchEngine(
+        loaded.model, loaded.tokenizer, max_batch_size=args.max_batch_size, device=args.device
+    )
+    await engine.start()
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    results: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        for warm in range(2):  # warm both paths (allocator, tokenizer caches, connections)
+            await asyncio.gather(*(http_stream(client, url, args.model, warm, 8) for _ in range(8)))
+            await asyncio.gather(*(engine_stream(engine, prompt, warm, 8) for _ in range(8)))
+        for level in args.concurrency:
+            runs: dict[str, list[list[dict[str, float]]]] = {"inprocess": [], "http": []}
+            rounds = args.rounds if level > 1 else max(args.rounds, args.single_rounds)
+            for rnd in range(rounds):
+                seeds = [rnd * 1000 + i for i in range(level)]
+                runs["inprocess"].append(
+                    list(
+                        await asyncio.gather(
+                            *(engine_stream(engine, prompt, s, args.max_tokens) for s in seeds)
+                        )
+                    )
+                )
+                runs["http"].append(list(await asyncio.gather(
+                    *(http_stream(client, url, args.model, s, args.max_tokens) for s in seeds))))  # fmt: skip
+            results[str(level)] = compare(summarize(runs["inprocess"]), summarize(runs["http"]))
+            log(f"{level} streams: {json.dumps(results[str(level)])}")
+    await engine.stop()
+    return results
+
+
+def compare(inproc: dict[str, float], http: dict[str, float]) -> dict[str, Any]:
+    """Both summaries and the server's overhead."""
+    drop = 100.0 * (inproc["tokens_per_s"] - http["tokens_per_s"]) / inproc["tokens_per_s"]
+    return {
+        "inprocess": inproc,
+        "http": http,
+        "ttft_ms_p50_added": round(http["ttft_ms_p50"] - inproc["ttft_ms_p50"], 3),
+        "e2e_ms_p50_added": round(http["e2e_ms_p50"] - inproc["e2e_ms_p50"], 3),
+        "tokens_per_s_drop_pct": round(drop, 2),
+    }
+
+
+def verdict(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
+    """The targets and whether this run met them."""
+    top = str(max(levels))
+    ttft_added = max(results[str(lvl)]["ttft_ms_p50_added"] for lvl in levels)
+    return {
+        "ttft_ms_p50_added_max": {"target": TARGET_TTFT_ADDED_MS, "measured": ttft_added,
+                                  "met": ttft_added <= TARGET_TTFT_ADDED_MS},
+        f"tokens_per_s_drop_pct_at_{top}": {"target": TARGET_TPS_DROP_PCT,
+                                            "measured": results[top]["tokens_per_s_drop_pct"],
+                                            "met": results[top]["tokens_per_s_drop_pct"] <= TARGET_TPS_DROP_PCT},
+    }  # fmt: skip
+
+
+def main() -> None:
+    """Run the benchmark and print its JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-random")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--single-rounds", type=int, default=30, help="rounds at 1 stream")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedValkey(Path(tmp)) as valkey:
+        proc, url = start_server(args, valkey.url, Path(tmp) / "data")
+        try:
+            results = asyncio.run(measure(args, url))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    out = {
+        "model": args.model, "device": args.device, "max_tokens": args.max_tokens,
+        "rounds": args.rounds, "cpu_count": os.cpu_count(),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "results": results,
+        "targets": verdict(results, args.concurrency),
+    }  # fmt: skip
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""HTTP layer of the serving loop: thin routers over the serving classes."""

@@ -1,0 +1,72 @@
+"""Admin routes (admin key only): weights served and loaded, trace capture on/off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.api.chat.protocol import ErrorResponse
+from server.api.deps import get_state
+from server.api.errors import APIError
+from server.auth import require_admin
+from server.traces import CheckpointError
+
+router = APIRouter(
+    prefix="/admin",
+    tags=["admin"],
+    dependencies=[Depends(require_admin)],
+    responses={c: {"model": ErrorResponse} for c in (400, 401, 403, 503)},
+)
+
+
+class LoadWeightsRequest(BaseModel):
+    """A checkpoint directory to load, and the policy version to serve it as."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=4096)
+    version: int | None = Field(None, ge=0)
+
+
+@router.get("/weights")
+async def get_weights(request: Request) -> dict[str, Any]:
+    """The policy version being served and the versions served before."""
+    state = get_state(request)
+    return {"version": int(state.engine.version), "history": list(state.follower.history)}
+
+
+@router.post("/weights")
+async def load_weights(body: LoadWeightsRequest, request: Request) -> dict[str, Any]:
+    """Load a checkpoint and swap it in; a bad one is refused (400) and serving goes on."""
+    state = get_state(request)
+    try:
+        version = await state.follower.load(body.path, body.version)
+    except CheckpointError as exc:
+        raise APIError(
+            400, f"checkpoint refused: {exc}", param="path", code="invalid_checkpoint"
+        ) from None
+    return {"version": int(version), "history": list(state.follower.history)}
+
+
+@router.get("/capture")
+async def get_capture(request: Request) -> dict[str, bool]:
+    """Whether turns are being recorded."""
+    return {"capture": get_state(request).capture}
+
+
+@router.post("/capture/pause")
+async def pause_capture(request: Request) -> dict[str, bool]:
+    """Stop recording turns (requests are still served)."""
+    state = get_state(request)
+    state.capture = False
+    return {"capture": False}
+
+
+@router.post("/capture/resume")
+async def resume_capture(request: Request) -> dict[str, bool]:
+    """Record turns again."""
+    state = get_state(request)
+    state.capture = True
+    return {"capture": True}

@@ -1,0 +1,1 @@
+"""OpenAI-compatible chat completions: protocol models, serving class, SSE streaming."""

@@ -1,0 +1,100 @@
+"""`POST /v1/chat/completions`: parse headers and body, hand over to the serving class."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.api.chat.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse
+from server.api.chat.serving import RequestContext
+from server.api.chat.streaming import stream_response
+from server.api.deps import get_state
+from server.api.errors import bad_request
+from server.auth import require_tenant
+
+router = APIRouter(tags=["chat"])
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+TRUE = {"true", "1", "yes", "on"}
+FALSE = {"false", "0", "no", "off"}
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 503)
+}
+
+
+def _session_id(header: str | None, request: ChatCompletionRequest) -> str | None:
+    value, param = header, "X-Session-Id"
+    if value is None and request.metadata:
+        value, param = request.metadata.get("session_id"), "metadata.session_id"
+    if value is None:
+        return None
+    if not SESSION_ID.match(value):
+        raise bad_request(
+            f"{param}: a session id is 1-128 characters of letters, digits and ._:-", param=param
+        )
+    return value
+
+
+def _train_flag(header: str | None) -> bool:
+    if header is None or header.strip().lower() in TRUE:
+        return True
+    if header.strip().lower() in FALSE:
+        return False
+    raise bad_request("X-LiveLoop-Train: must be true or false", param="X-LiveLoop-Train")
+
+
+def _turn_type(header: str | None) -> str:
+    value = (header or "main").strip().lower()
+    if value not in ("main", "side"):
+        raise bad_request("X-Turn-Type: must be main or side", param="X-Turn-Type")
+    return value
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={
+        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        **ERRORS,
+    },
+)
+async def create_chat_completion(
+    body: ChatCompletionRequest,
+    request: Request,
+    tenant: str = Depends(require_tenant),
+    x_session_id: str | None = Header(
+        None,
+        description="Session this turn belongs to.",
+        json_schema_extra={"pattern": SESSION_ID.pattern},
+    ),
+    x_turn_type: str | None = Header(
+        None,
+        description="'main' (default) or 'side' (never trained on).",
+        json_schema_extra={"enum": ["main", "side"]},
+    ),
+    x_liveloop_train: str | None = Header(
+        None,
+        description="'false': do not record this request at all.",
+        json_schema_extra={"enum": ["true", "false"]},
+    ),
+) -> Response:
+    """Create a chat completion (streamed as SSE with `stream: true`)."""
+    arrival = time.perf_counter()
+    state = get_state(request)
+    ctx = RequestContext(
+        tenant=tenant,
+        session_id=_session_id(x_session_id, body),
+        turn_type="side" if _turn_type(x_turn_type) == "side" else "main",
+        record=_train_flag(x_liveloop_train),
+        arrival=arrival,
+    )
+    prep = await state.chat.prepare(body, ctx)
+    if body.stream:
+        return await stream_response(state.chat, prep)
+    result = await state.chat.complete(prep)
+    return JSONResponse(result, headers=prep.headers)

@@ -1,0 +1,124 @@
+"""What a finished request leaves behind: reply messages, turn records and usage.
+
+Kept apart from the serving class so the streamed and the non-streamed paths build exactly
+the same assistant message and the same token-exact `TurnRecord` for each sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from liveloop.contracts import TurnRecord, TurnTimings, TurnType
+from server.api.chat.protocol import ChatCompletionRequest
+from server.api.chat.sample import SampleState
+from server.prompting import BuiltPrompt
+from server.sessions import PreviousTurn, ServedSample, SessionTurn
+from server.tools import parse_tool_calls
+
+
+@dataclass
+class PreparedChat:
+    """A validated request, ready for the engine: prompt ids, sampling params, session."""
+
+    request_id: str
+    created: int
+    model: str
+    request: ChatCompletionRequest
+    tenant: str
+    turn_type: TurnType
+    record: bool
+    arrival: float
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    parse_tools: bool
+    prompt: BuiltPrompt
+    params: list[Any]
+    previous: PreviousTurn | None = None
+    session_hint: str | None = None  # X-Session-Id / metadata.session_id
+    session: SessionTurn | None = None  # set by open_session, once the engine has started
+    headers: dict[str, str] = field(default_factory=dict)
+    submitted: float = 0.0
+
+    @property
+    def turn(self) -> SessionTurn:
+        """The session turn (after open_session)."""
+        if self.session is None:
+            raise RuntimeError("open_session has not run for this request")
+        return self.session
+
+    @property
+    def want_logprobs(self) -> bool:
+        """Whether the reply carries log-probs."""
+        return bool(self.request.logprobs)
+
+
+@dataclass
+class FinishedSample:
+    """The reply built from one finished sample."""
+
+    message: dict[str, Any]
+    finish_reason: str
+
+
+def finish_sample(sample: SampleState, parse_tools: bool) -> FinishedSample:
+    """The assistant message (text, or tool calls parsed from it) and the finish reason."""
+    text = sample.text
+    reason = sample.finish_reason or "abort"
+    if parse_tools:
+        content, calls = parse_tool_calls(text)
+        if calls:
+            return FinishedSample(
+                {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            )
+    return FinishedSample({"role": "assistant", "content": text}, reason)
+
+
+def turn_record(
+    prep: PreparedChat, sample: SampleState, finished: FinishedSample, queued_s: float
+) -> TurnRecord:
+    """The token-exact record of one sample for `liveloop:turns`."""
+    return TurnRecord(
+        session_id=prep.turn.session_id,
+        turn_index=prep.turn.turn_index,
+        turn_type=prep.turn_type,
+        tenant=prep.tenant,
+        request_id=prep.request_id,
+        sample_index=sample.index,
+        messages=prep.messages,
+        tools=prep.tools,
+        response=finished.message,
+        prompt_token_ids=prep.prompt.token_ids,
+        completion_token_ids=list(sample.token_ids),
+        logprobs=list(sample.logprobs),
+        versions=list(sample.versions),
+        finish_reason=finished.finish_reason,
+        model=prep.model,
+        prompt_mode=prep.prompt.mode,
+        timings=TurnTimings(
+            queued_s=queued_s, time_to_first_token_s=sample.ttft(), total_s=sample.total()
+        ),
+    )
+
+
+def served_sample(
+    prep: PreparedChat, sample: SampleState, finished: FinishedSample
+) -> ServedSample:
+    """What the session store indexes so a follow-up can extend this sample."""
+    return ServedSample(
+        sample_index=sample.index,
+        response=finished.message,
+        prompt_token_ids=prep.prompt.token_ids,
+        completion_token_ids=list(sample.token_ids),
+    )
+
+
+def usage(prep: PreparedChat, samples: list[SampleState]) -> dict[str, int]:
+    """OpenAI usage block."""
+    prompt = len(prep.prompt.token_ids)
+    completion = sum(len(s.token_ids) for s in samples)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }

@@ -1,0 +1,36 @@
+"""Liveness, readiness and Prometheus metrics endpoints (no auth: for probes and scrapers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> Response:
+    """200 once the engine serves requests; 503 before that and while stopping."""
+    state = request.app.state.liveloop
+    body: dict[str, Any] = {"status": "ready" if state.ready else "starting"}
+    if state.ready:
+        body["policy_version"] = int(state.engine.version)
+        body["model"] = state.model_name
+        body["trace_capture"] = state.capture
+    return JSONResponse(body, status_code=200 if state.ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of the server's metrics."""
+    registry = request.app.state.liveloop.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

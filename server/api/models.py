@@ -1,0 +1,42 @@
+"""`GET /v1/models`: the one model this server serves (under its name; its alias is accepted too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from server.api.deps import get_state
+from server.api.errors import APIError
+from server.auth import require_tenant
+
+router = APIRouter(tags=["models"], dependencies=[Depends(require_tenant)])
+
+
+def _card(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "liveloop",
+        "max_model_len": int(state.engine.max_model_len),
+        "policy_version": int(state.engine.version),
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """The served model."""
+    return {"object": "list", "data": [_card(request)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+    """One model by name or alias; 404 for any other name."""
+    state = get_state(request)
+    if model_id not in state.chat.model_aliases:
+        raise APIError(
+            404, f"model {model_id!r} does not exist", param="model", code="model_not_found"
+        )
+    return _card(request)

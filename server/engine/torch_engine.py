@@ -1,0 +1,418 @@
+"""The embedded continuous-batching engine: PyTorch + transformers inside the server process.
+
+Why it exists: `liveloop up` must serve (and hot-swap) a model with no external inference
+server. A dedicated decode thread owns the model and a batched KV cache; each iteration it
+applies pending weight swaps, drops finished or cancelled requests, prefills joiners (FIFO,
+up to `max_batch_size` running) and runs one decode step for the whole batch. Tokens go
+back to each request's asyncio queue on its own event loop, so the event loop never waits
+on torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from server.engine.forward import LlamaRunner, Prefill
+from server.engine.sampling import Sampled, find_stop_string, sample_batch
+from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all, settle
+from server.engine.types import (
+    ContextLengthError,
+    EngineError,
+    EngineStats,
+    InvalidRequestError,
+    SamplingParams,
+    TokenOutput,
+)
+from server.engine.weights import WeightSpec
+
+MAX_TOP_LOGPROBS = 20
+
+
+class TorchEngine:
+    """Continuous-batching generation with per-token log-probs and live weight swaps."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 16,
+        max_model_len: int | None = None,
+        device: str = "cpu",
+        version: int = 0,
+        prefill_chunk_tokens: int = 512,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        model.to(device)
+        model.eval()
+        self._runner = LlamaRunner(model)
+        with torch.inference_mode():
+            self._runner.self_check()
+        self._weights = WeightSpec(model)
+        self._tokenizer = tokenizer
+        # The decode thread decodes stop-string windows with its own copy: a fast tokenizer
+        # used by two threads at once can fail with "Already borrowed".
+        self._stop_tokenizer = copy.deepcopy(tokenizer)
+        self._eos = eos_ids(model, tokenizer)
+        self._max_batch_size = max_batch_size
+        self._prefill_chunk = max(1, prefill_chunk_tokens)
+        self._staging: tuple[Request, Prefill] | None = None
+        self._stats = EngineStats()
+        self._max_model_len = max_model_len or default_max_len(model)
+        self._version = version
+        self._cache = self._runner.new_cache(max_batch_size, self._max_model_len)
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._swaps: list[Swap] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._log = logging.getLogger(__name__)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def version(self) -> int:
+        """Policy version of the weights now serving."""
+        return self._version
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + completion the engine serves."""
+        return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the logits (the vocabulary a TokenConstraint mask covers)."""
+        return self._runner.vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end a request unless `ignore_eos` is set."""
+        return self._eos
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the decode batch (a cancelled one stops counting at once)."""
+        with self._cond:
+            return sum(1 for r in self._running if not (r.cancelled or r.done))
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for a free batch slot."""
+        with self._cond:
+            return len(self._waiting)
+
+    @property
+    def stats(self) -> EngineStats:
+        """A snapshot of the decode loop's cumulative counters."""
+        return dataclasses.replace(self._stats)
+
+    @property
+    def is_running(self) -> bool:
+        """True between start() and stop()."""
+        return self._thread is not None and not self._stopping
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Start the decode thread (idempotent)."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True)
+            self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop the decode thread; requests and swaps still pending fail with EngineError."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
+        with self._cond:
+            pending = [*self._running, *self._waiting]
+            swaps, self._swaps = self._swaps, []
+            self._running, self._waiting = [], deque()
+            self._thread = None
+        self._cache.clear()
+        self._staging = None
+        self._deliver([(r, EngineError("engine stopped")) for r in pending])
+        for swap in swaps:
+            swap.loop.call_soon_threadsafe(settle, swap.future, EngineError("engine stopped"))
+
+    # ----------------------------------------------------------------- requests
+    def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[TokenOutput]:
+        """Stream a completion's tokens; the request joins the batch when iteration starts.
+
+        Raises ContextLengthError / InvalidRequestError / EngineError at once. Leaving the
+        iteration early (break, aclose, task cancelled) removes the request from the batch.
+        """
+        prompt = [int(t) for t in prompt_token_ids]
+        self._check_request(prompt, params)
+        if not self.is_running:
+            raise EngineError("engine is not running")
+        return self._stream(prompt, params, request_id or uuid.uuid4().hex)
+
+    def _check_request(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise InvalidRequestError("prompt is empty")
+        if len(prompt) + 1 > self._max_model_len:
+            raise ContextLengthError(
+                f"prompt has {len(prompt)} tokens; max_model_len {self._max_model_len} "
+                "leaves no room for a completion"
+            )
+        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {bad} outside the vocabulary (0..{self.vocab_size - 1})"
+            )
+        if params.max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be at least 1")
+        if not params.temperature >= 0 or params.temperature == float("inf"):
+            raise InvalidRequestError("temperature must be a finite number >= 0")
+        if not 0 < params.top_p <= 1:
+            raise InvalidRequestError("top_p must be in (0, 1]")
+        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+
+    async def _stream(
+        self, prompt: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[TokenOutput]:
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self._runner.device)
+            generator.manual_seed(params.seed)
+        req = Request(
+            request_id=request_id,
+            prompt=prompt,
+            params=params,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            generator=generator,
+            stop_ids=frozenset(params.stop_token_ids)
+            | (frozenset() if params.ignore_eos else self._eos),
+            max_new=min(params.max_tokens, self._max_model_len - len(prompt)),
+        )
+        with self._cond:
+            if not self.is_running:
+                raise EngineError("engine is not running")
+            self._waiting.append(req)
+            self._cond.notify()
+        try:
+            while True:
+                item = await req.queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if not req.done:
+                self._cancel(req)
+
+    def _cancel(self, req: Request) -> None:
+        with self._cond:
+            req.cancelled = True
+            if req in self._waiting:
+                self._waiting.remove(req)
+            self._cond.notify()
+
+    # ----------------------------------------------------------------- weights
+    def validate_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Check names, shapes, dtypes and finiteness; raise WeightValidationError if bad."""
+        self._weights.validate(state_dict)
+
+    async def swap_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        """Validate, then apply between two decode steps; returns the decode pause (s)."""
+        await asyncio.to_thread(self._weights.validate, state_dict)
+        loop = asyncio.get_running_loop()
+        swap = Swap(state_dict, version, loop, loop.create_future())
+        with self._cond:
+            queued = self.is_running
+            if queued:
+                self._swaps.append(swap)
+                self._cond.notify()
+        if not queued:  # no decode loop to pause: apply at once, off the event loop
+            return await asyncio.to_thread(self._apply_swap, swap)
+        return await swap.future
+
+    def _apply_swap(self, swap: Swap) -> float:
+        started = time.perf_counter()
+        self._weights.apply(swap.state_dict)
+        if self._runner.device.type == "cuda":
+            torch.cuda.synchronize(self._runner.device)
+        self._version = swap.version
+        pause = time.perf_counter() - started
+        self._stats.weight_swaps += 1
+        self._stats.swap_pause_seconds += pause
+        return pause
+
+    def _apply_swaps(self) -> None:
+        with self._cond:
+            swaps, self._swaps = self._swaps, []
+        for swap in swaps:
+            try:
+                result: float | Exception = self._apply_swap(swap)
+            except Exception as exc:
+                self._log.exception("weight swap to version %s failed", swap.version)
+                result = EngineError(
+                    f"applying weights failed (model may be partly updated): {exc}"
+                )
+            swap.loop.call_soon_threadsafe(settle, swap.future, result)
+
+    # ----------------------------------------------------------------- decode thread
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while self._wait_for_work():
+                try:
+                    self._iteration()
+                except Exception as exc:
+                    self._log.exception("torch engine decode iteration failed")
+                    self._fail_running(EngineError(f"generation failed: {exc}"))
+
+    def _wait_for_work(self) -> bool:
+        with self._cond:
+            while not self._stopping and not (self._waiting or self._running or self._swaps):
+                self._cond.wait()
+            return not self._stopping
+
+    def _iteration(self) -> None:
+        self._apply_swaps()
+        self._reap()
+        self._admit()
+        if self._running:
+            started = time.perf_counter()
+            logits = self._runner.decode(self._cache, [r.output[-1] for r in self._running])
+            self._process(list(self._running), logits)
+            self._stats.decode_steps += 1
+            self._stats.decode_tokens += len(logits)
+            self._stats.decode_seconds += time.perf_counter() - started
+
+    def _admit(self) -> None:
+        """Prefill the oldest waiting request, at most `prefill_chunk_tokens` per iteration.
+
+        Chunking bounds how long a long prompt stalls the running requests' next token. A
+        fully prefilled prompt joins the batch and emits its first token.
+        """
+        budget = self._prefill_chunk
+        while budget > 0 and len(self._running) < self._max_batch_size:
+            with self._cond:
+                req = self._waiting[0] if self._waiting else None
+            if req is None:
+                return
+            if self._staging is None or self._staging[0] is not req:
+                self._staging = (req, self._runner.start_prefill(req.prompt))
+            state = self._staging[1]
+            take = min(budget, state.remaining)
+            budget -= take
+            started = time.perf_counter()
+            logits = self._runner.prefill_step(state, take)
+            self._stats.prefill_tokens += take
+            self._stats.prefill_seconds += time.perf_counter() - started
+            if logits is None:
+                return
+            self._staging = None
+            with self._cond:
+                if req.cancelled:  # _cancel already took it out of the queue
+                    continue
+                self._waiting.popleft()
+                self._running.append(req)
+            self._runner.join(self._cache, state)
+            self._process([req], logits[None])
+
+    def _reap(self) -> None:
+        """Remove finished and cancelled rows (the last row moves into each hole)."""
+        for i in reversed(range(len(self._running))):
+            req = self._running[i]
+            if req.done or req.cancelled:
+                self._cache.remove_row(i)
+                with self._cond:
+                    self._running[i] = self._running[-1]
+                    self._running.pop()
+
+    def _fail_running(self, error: EngineError) -> None:
+        """After an internal failure: fail the batch and the prompt being prefilled."""
+        with self._cond:
+            failed, self._running = self._running, []
+            if self._staging is not None and self._staging[0] in self._waiting:
+                self._waiting.remove(self._staging[0])
+                failed.append(self._staging[0])
+            self._staging = None
+        self._cache.clear()
+        for req in failed:
+            req.done = True
+        self._deliver([(r, EngineError(str(error))) for r in failed])
+
+    def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        """Sample each row, record the token, decide whether it ends, hand it out."""
+        version = self._version
+        sampled = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        out: list[tuple[Request, TokenOutput | Exception]] = []
+        for req, result in zip(reqs, sampled, strict=True):
+            if req.cancelled:
+                continue
+            try:
+                if isinstance(result, Exception):
+                    raise result
+                out.append((req, self._advance(req, result, version)))
+            except Exception as exc:
+                req.done = True
+                out.append((req, EngineError(f"sampling failed: {exc}")))
+        self._deliver(out)
+        self._reap()
+
+    def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:
+        token = sampled.token_id
+        req.output.append(token)
+        params = req.params
+        if params.constraint is not None:
+            params.constraint.accept_token(token)
+        finish, stop_string = self._finish_reason(req, token)
+        req.done = finish is not None
+        return TokenOutput(
+            token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
+        )
+
+    def _finish_reason(self, req: Request, token: int) -> tuple[str | None, str | None]:
+        """("stop" | "length" | None, the stop string that matched) after `token`."""
+        params = req.params
+        if token in req.stop_ids:
+            return "stop", None
+        if params.constraint is not None and params.constraint.is_terminated():
+            return "stop", None
+        if params.stop:
+            matched = find_stop_string(self._stop_tokenizer, req.output, params.stop)
+            if matched is not None:
+                return "stop", matched
+        if len(req.output) >= req.max_new:
+            return "length", None
+        return None, None
+
+    def _deliver(self, items: list[tuple[Request, TokenOutput | Exception]]) -> None:
+        """Hand items to their consumers' event loops, one callback per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for req, item in items:
+            by_loop.setdefault(req.loop, []).append((req.queue, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(put_all, batch)
+            except RuntimeError:  # the consumer's loop is closed: nobody is listening
+                for req, _ in items:
+                    if req.loop is loop:
+                        req.cancelled = True

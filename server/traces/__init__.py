@@ -1,0 +1,12 @@
+"""Trace capture and weight following: the serving loop's two background companions.
+
+`TraceWriter` gets every served turn into `liveloop:turns` without touching the response
+path (spooling to disk while Redis is away); `WeightFollower` watches `liveloop:weights`
+and hot-swaps each new checkpoint into the engine off the serving path.
+"""
+
+from server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
+from server.traces.follower import WeightFollower
+from server.traces.writer import TraceWriter
+
+__all__ = ["CheckpointError", "TraceWriter", "WeightFollower", "load_checkpoint_state_dict"]

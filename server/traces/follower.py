@@ -1,0 +1,246 @@
+"""Following `liveloop:weights` and hot-swapping each new checkpoint into the live engine.
+
+Reading and checking a checkpoint (file I/O, NaN scan, the engine's name/shape/dtype
+check) happens in a worker thread; only the final in-place copy runs in the engine,
+between two decode steps, so requests in flight keep streaming. Every server replica
+reads the stream with a plain XREAD (no consumer group): each one must see every
+announcement. A refused checkpoint is logged and counted, and serving goes on with the
+old weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import redis
+import redis.asyncio as aredis
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import ValidationError
+
+from liveloop import bus
+from liveloop.contracts import WeightsAnnouncement
+from server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+HISTORY_LIMIT = 100
+LATEST_SCAN = 16
+
+
+class SwappableEngine(Protocol):
+    """What the follower needs from an engine (TorchEngine provides it)."""
+
+    @property
+    def version(self) -> int: ...
+
+    def validate_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+    async def swap_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float: ...
+
+
+class _FollowerMetrics:
+    """The follower's Prometheus metrics, on the registry it was given."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.swaps = Counter(
+            "liveloop_weight_swaps",
+            "Weight swaps by outcome: ok, or refused (checkpoint unusable, old weights kept).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("ok", "refused"):
+            self.swaps.labels(outcome)
+        self.pause_seconds = Histogram(
+            "liveloop_weight_swap_pause_seconds",
+            "Time the engine's decode loop paused to apply new weights.",
+            buckets=PAUSE_BUCKETS,
+            registry=registry,
+        )
+        self.load_seconds = Histogram(
+            "liveloop_weight_load_seconds",
+            "Time to read and validate a checkpoint off the serving path.",
+            buckets=LOAD_BUCKETS,
+            registry=registry,
+        )
+
+
+class WeightFollower:
+    """Follows liveloop:weights and hot-swaps each announced checkpoint into the engine."""
+
+    def __init__(
+        self,
+        engine: SwappableEngine,
+        redis_url: str | None,
+        registry: CollectorRegistry,
+        follow: bool = True,
+        *,
+        block_ms: int = 1000,
+        reconnect_initial_s: float = 0.5,
+        reconnect_max_s: float = 10.0,
+    ) -> None:
+        self.engine = engine
+        self.redis_url = redis_url
+        self.follow = follow and redis_url is not None
+        self.metrics = _FollowerMetrics(registry)
+        self.block_ms = block_ms
+        self.reconnect_initial_s = reconnect_initial_s
+        self.reconnect_max_s = reconnect_max_s
+        self.history: list[dict[str, Any]] = []
+        self.refused: list[dict[str, Any]] = []
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._last_id: str | None = None
+        self._stopping = False
+        self.connected = False
+
+    @property
+    def current_version(self) -> int:
+        """The policy version the engine serves now."""
+        return int(self.engine.version)
+
+    async def start(self) -> None:
+        """Start following the weights stream (a no-op when following is off)."""
+        if self.follow and self._task is None:
+            self._task = asyncio.create_task(self._follow(), name="weight-follower")
+
+    async def stop(self) -> None:
+        """Stop following; a swap already handed to the engine completes there."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stopping = True
+        # On Python 3.11 redis-py can swallow a cancellation (asyncio.wait_for around a
+        # socket write), so cancel until the task is done; the flag ends it after one read.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        self._stopping = False
+        self.connected = False
+        if not task.cancelled() and task.exception() is not None:
+            log.error("weight follower failed", exc_info=task.exception())
+
+    async def load(self, path: str, version: int | None = None) -> int:
+        """Load, validate and swap in a checkpoint; the new version, or CheckpointError."""
+        async with self._lock:
+            current = self.current_version
+            target = current + 1 if version is None else version
+            try:
+                if target <= current:
+                    raise CheckpointError(
+                        f"version {target} is not newer than the serving version {current}"
+                    )
+                started = time.perf_counter()
+                state_dict = await asyncio.to_thread(self._read_and_validate, path)
+                self.metrics.load_seconds.observe(time.perf_counter() - started)
+                try:
+                    pause_s = await self.engine.swap_weights(state_dict, target)
+                except Exception as exc:
+                    raise CheckpointError(f"the engine refused {path}: {exc}") from exc
+            except CheckpointError as exc:
+                self._record_refusal(path, target, exc)
+                raise
+            self.metrics.swaps.labels("ok").inc()
+            self.metrics.pause_seconds.observe(pause_s)
+            entry = {
+                "version": target,
+                "path": str(path),
+                "loaded_at": time.time(),
+                "pause_s": pause_s,
+            }
+            self.history.append(entry)
+            del self.history[:-HISTORY_LIMIT]
+            log.info(
+                "serving policy version %d from %s (paused %.1f ms)", target, path, pause_s * 1e3
+            )
+            return target
+
+    def _read_and_validate(self, path: str) -> dict[str, torch.Tensor]:
+        """Worker thread: read the files, then the engine's name/shape/dtype check."""
+        state_dict = load_checkpoint_state_dict(path)
+        try:
+            self.engine.validate_state_dict(state_dict)
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint {path} does not fit the model: {exc}") from exc
+        return state_dict
+
+    def _record_refusal(self, path: str, version: int, exc: Exception) -> None:
+        self.metrics.swaps.labels("refused").inc()
+        self.refused.append(
+            {"version": version, "path": str(path), "at": time.time(), "error": str(exc)}
+        )
+        del self.refused[:-HISTORY_LIMIT]
+        log.error("refused checkpoint %s (version %d): %s; still serving version %d",
+                  path, version, exc, self.current_version)  # fmt: skip
+
+    async def _follow(self) -> None:
+        """Read announcements forever, reconnecting with backoff when Redis drops."""
+        assert self.redis_url is not None
+        delay = self.reconnect_initial_s
+        while not self._stopping:
+            client = aredis.from_url(
+                self.redis_url,
+                decode_responses=True,
+                socket_connect_timeout=5.0,
+                socket_timeout=self.block_ms / 1000 + 10.0,
+            )
+            try:
+                await self._read_loop(client)
+            except (redis.RedisError, OSError) as exc:
+                if self.connected:
+                    log.warning("lost Redis while following weights: %s", exc)
+                self.connected = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.reconnect_max_s)
+            except Exception:  # a bug must not end following for the server's lifetime
+                log.exception("weight follower error; restarting in %.1fs", delay)
+                self.connected = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.reconnect_max_s)
+            else:
+                delay = self.reconnect_initial_s
+            finally:
+                await client.aclose()
+
+    async def _read_loop(self, client: aredis.Redis) -> None:
+        key = bus.stream_key(bus.WEIGHTS)
+        if self._last_id is None:  # first connection: the newest announcements so far
+            latest: Any = await client.xrevrange(key, count=LATEST_SCAN)
+            self._last_id = str(latest[0][0]) if latest else "0-0"
+            self.connected = True
+            await self._consider([dict(fields) for _id, fields in latest or []])
+        self.connected = True
+        while not self._stopping:
+            last_id: str = self._last_id
+            reply: Any = await client.xread({key: last_id}, count=64, block=self.block_ms)
+            batch: list[dict[str, str]] = []
+            for _stream, items in reply or []:
+                for entry_id, fields in items:
+                    self._last_id = entry_id
+                    batch.append(fields)
+            if batch:
+                await self._consider(batch)
+
+    async def _consider(self, entries: list[dict[str, str]]) -> None:
+        """Load the newest announced version above the serving one (older ones as fallback)."""
+        announcements: list[WeightsAnnouncement] = []
+        for fields in entries:
+            try:
+                announcements.append(bus.decode(fields, WeightsAnnouncement))
+            except (ValidationError, ValueError) as exc:
+                log.error("ignoring a malformed weights announcement: %s", exc)
+        for ann in sorted(announcements, key=lambda a: a.version, reverse=True):
+            if ann.version <= self.current_version:
+                return
+            try:
+                await self.load(ann.path, ann.version)
+                return
+            except CheckpointError:
+                continue  # already logged and counted; try the next newest

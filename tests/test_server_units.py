@@ -1,0 +1,156 @@
+"""Server building blocks without HTTP: message hashing, sessions on a real Valkey,
+token-exact prompt extension, stop-string hold-back, API-key tenancy."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aredis
+
+from liveloop.config import tenant_id
+from liveloop.valkey import free_port
+from server.api.chat.sample import SampleState, TokenText
+from server.api.errors import APIError
+from server.auth import Authenticator
+from server.engine import TokenOutput
+from server.prompting import PromptBuilder
+from server.sessions import (
+    PreviousTurn,
+    ServedSample,
+    SessionForbidden,
+    SessionStore,
+    chain_hashes,
+)
+from server.tools import ChatTemplate
+from tests.server_proc import model_dir
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir()))
+
+
+def test_chain_hash_ignores_what_clients_add_when_echoing() -> None:
+    ours = {"role": "assistant", "content": "hi", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ]}  # fmt: skip
+    echoed = {**ours, "refusal": None, "annotations": [], "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ]}  # fmt: skip
+    user = {"role": "user", "content": [{"type": "text", "text": "q"}]}
+    assert chain_hashes([user, ours]) == chain_hashes([user, echoed])
+    assert chain_hashes([user, ours])[0] == chain_hashes([user])[0]
+    assert (
+        chain_hashes([user, {"role": "assistant", "content": "hi!"}])[1]
+        != chain_hashes([user, ours])[1]
+    )
+
+
+async def test_session_store_on_valkey(aredis_client: aredis.Redis) -> None:
+    store = SessionStore(aredis_client, ttl_s=60)
+    first = await store.allocate("t1", None)
+    again = await store.allocate("t1", first.session_id)
+    assert (first.turn_index, again.turn_index) == (0, 1)
+    with pytest.raises(SessionForbidden):
+        await store.allocate("t2", first.session_id)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    reply = {"role": "assistant", "content": "yo"}
+    await store.remember("t1", first.session_id, 1, messages, [ServedSample(0, reply, [1, 2], [3])])
+    follow: list[dict[str, Any]] = [
+        *messages,
+        {**reply, "refusal": None},
+        {"role": "user", "content": "more"},
+    ]
+    previous = await store.lookup("t1", follow, None)
+    assert previous == PreviousTurn(first.session_id, 1, 0, [1, 2], [3])
+    assert await store.lookup("t2", follow, None) is None  # other tenants never match
+    assert await store.lookup("t1", follow, "another-session") is None
+    assert await store.owner(first.session_id) == ("t1", 2)
+
+
+async def test_session_store_degrades_without_redis() -> None:
+    client = aredis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.2)
+    store = SessionStore(client, ttl_s=60)
+    started = time.monotonic()
+    turns = [await store.allocate("t", "s1") for _ in range(3)]
+    assert [t.turn_index for t in turns] == [0, 1, 2]
+    assert await store.lookup("t", [{"role": "assistant", "content": "x"}], None) is None
+    assert time.monotonic() - started < 2.0
+    await client.aclose()
+
+
+async def test_turns_given_out_during_an_outage_are_not_reused(aredis_client: aredis.Redis) -> None:
+    store = SessionStore(aredis_client, ttl_s=60)
+    assert (await store.allocate("t", "s2")).turn_index == 0
+    store._down_until = time.monotonic() + 60  # Redis "unreachable": local counters
+    assert [(await store.allocate("t", "s2")).turn_index for _ in range(2)] == [1, 2]
+    store._down_until = 0.0  # back: Redis knows only turn 0, yet 1 and 2 are taken
+    assert (await store.allocate("t", "s2")).turn_index == 3
+    assert (await store.allocate("t", "s2")).turn_index == 4
+
+
+def test_prompt_extends_previous_ids_when_the_template_agrees(tokenizer: Any) -> None:
+    template = ChatTemplate(tokenizer)
+    builder = PromptBuilder(template, tokenizer)
+    first: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}]
+    prompt = builder.build(first, None, None)
+    assert prompt.mode == "fresh" and prompt.token_ids == template.render_ids(first, None)
+    eos = tokenizer.eos_token_id
+    completion = [*tokenizer.encode(" Hello there", add_special_tokens=False), eos]
+    previous = PreviousTurn("s", 0, 0, prompt.token_ids, completion)
+    follow = [
+        *first,
+        {"role": "assistant", "content": " Hello there"},
+        {"role": "user", "content": "Bye"},
+    ]
+    extended = builder.build(follow, None, previous)
+    assert extended.mode == "extended"
+    assert (
+        extended.token_ids[: len(prompt.token_ids) + len(completion)]
+        == prompt.token_ids + completion
+    )
+    assert builder.decode(extended.token_ids) == template.render_text(follow, None)
+    edited = [
+        *first,
+        {"role": "assistant", "content": " Hello, there"},
+        {"role": "user", "content": "Bye"},
+    ]
+    assert builder.build(edited, None, previous).mode == "fresh"
+
+
+def test_stop_string_text_is_never_sent(tokenizer: Any) -> None:
+    text_ids = tokenizer.encode("alpha beta STOP gamma", add_special_tokens=False)
+    sample = SampleState(0, TokenText(tokenizer), ["STOP", "xy"], True, time.perf_counter())
+    sent = ""
+    for i, token in enumerate(text_ids):
+        done = tokenizer.decode(text_ids[: i + 1]).find("STOP") >= 0
+        sample.add(
+            TokenOutput(token, -0.5, 0, [], "stop" if done else None, "STOP" if done else None)
+        )
+        sent += sample.take_text()
+        if done:
+            break
+    assert sent == sample.text == "alpha beta "
+    assert sample.finish_reason == "stop"
+    assert len(sample.take_logprobs()) == len(sample.token_ids)
+
+
+def test_api_keys_map_to_tenants() -> None:
+    auth = Authenticator(["k1", "k2"], admin_key="adm")
+    assert auth.tenant("k2") == tenant_id("k2") != "k2"
+    for bad in (None, "k3"):
+        with pytest.raises(APIError) as err:
+            auth.tenant(bad)
+        assert err.value.status == 401
+    auth.check_admin("adm")
+    with pytest.raises(APIError):
+        auth.check_admin("k1")
+    open_auth = Authenticator([], admin_key=None)
+    assert open_auth.open and open_auth.tenant(None) == "anonymous"
+    with pytest.raises(APIError) as err:
+        open_auth.check_admin("anything")
+    assert err.value.status == 403
