@@ -22,7 +22,7 @@ def make_samples(n: int, seed: int = 0) -> list[BatchSample]:
         p, c = rng.randint(3, 30), rng.randint(1, 20)
         out.append(
             BatchSample(
-                key=f"k{i}",
+                key=f"s{seed}-{i}",
                 prompt_token_ids=[rng.randrange(1, 1000) for _ in range(p)],
                 completion_token_ids=[rng.randrange(1, 1000) for _ in range(c)],
                 logprobs=[-10.8 + rng.uniform(-0.5, 0.5) for _ in range(c)],

@@ -75,6 +75,9 @@ class Trainer:
 
     def setup(self) -> None:
         """Load the policy from the newest checkpoint (or the base model) and its optimizer."""
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no per-checkpoint progress bars in the logs
         latest = self.comm.broadcast(self.store.latest() if self.comm.is_main else None)
         checkpoint = self.store.path_for(latest) if latest is not None else None
         policy = load_policy(
