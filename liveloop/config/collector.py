@@ -9,18 +9,67 @@ class CollectorConfig(Section):
     """Staleness bound, advantage estimation and batch packing."""
 
     max_staleness: int = Field(
-        4, ge=0, description="Drop turns whose oldest token is more versions behind; 0 = on-policy."
+        4,
+        ge=0,
+        description=(
+            "Drop turns whose oldest token is more than this many versions behind the trainer; "
+            "0 = on-policy only (the synchronous baseline). The trainer applies the same bound "
+            "again when a batch reaches it."
+        ),
     )
     token_budget: int = Field(
         4096, ge=64, description="Most tokens (prompt + completion) packed into one batch."
     )
-    min_turns: int = Field(16, ge=1, description="Fewest turns in a batch before it is flushed.")
+    min_turns: int = Field(
+        16,
+        ge=1,
+        description=(
+            "A batch ships once it holds this many turns (or its tokens reach "
+            "`min_fill` x `token_budget`)."
+        ),
+    )
+    min_fill: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A batch holding at least this fraction of `token_budget` tokens ships too.",
+    )
     max_wait_s: float = Field(
         20.0, gt=0, description="Flush a non-empty batch after this many seconds anyway."
     )
+    group_wait_s: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "How long a prompt's group stays open for more samples (same group key, n > 1) "
+            "before its advantages are computed."
+        ),
+    )
     baseline_decay: float = Field(
-        0.9, gt=0, lt=1, description="Decay of the running reward baseline per judge."
+        0.9, gt=0, lt=1, description="Decay of the running reward baseline per judge (EMA)."
     )
     inline_max_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024, description="Batches larger than this go to a file, by reference."
+        4 * 1024 * 1024,
+        ge=1024,
+        description=(
+            "Batches larger than this (as JSON) go to a file under `<data-dir>/batches/` and "
+            "the stream entry carries its path relative to the data dir."
+        ),
+    )
+    version_poll_s: float = Field(
+        0.2,
+        gt=0,
+        description="How often the trainer's current version is re-read from liveloop:weights.",
+    )
+    read_count: int = Field(256, ge=1, description="Entries read per XREADGROUP call.")
+    claim_idle_ms: int = Field(
+        120_000,
+        ge=1000,
+        description=(
+            "Pending entries idle this long are reclaimed from dead collectors; keep it well "
+            "above (max_wait_s + group_wait_s), since turns stay pending until batched."
+        ),
+    )
+    consumer_name: str | None = Field(
+        None, description="Consumer name in the group `collector` (default: host-pid)."
     )

@@ -8,11 +8,16 @@ from liveloop.config.base import Section
 
 
 class LoraSettings(Section):
-    """Optional LoRA adapters through peft."""
+    """Optional LoRA adapters through peft (merged into full weights in every checkpoint)."""
 
     enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
     rank: int = Field(8, ge=1, description="LoRA rank.")
     alpha: int = Field(16, ge=1, description="LoRA alpha.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA branch.")
+    target_modules: list[str] | str = Field(
+        "all-linear",
+        description="Modules that get adapters: a list of names, or 'all-linear'.",
+    )
 
 
 class TrainerConfig(Section):
@@ -21,16 +26,55 @@ class TrainerConfig(Section):
     device: str = Field("cpu", description="Torch device for training.")
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     eps_low: float = Field(0.2, ge=0, description="Lower PPO clip range.")
     eps_high: float = Field(0.28, ge=0, description="Upper PPO clip range.")
-    iw_cap: float = Field(5.0, gt=1, description="Cap on the behaviour importance weight.")
+    iw_cap: float = Field(
+        5.0, gt=1, description="Cap on the behaviour importance weight exp(proximal - behaviour)."
+    )
     iw_cap_mode: Literal["mask", "clamp"] = Field(
         "mask", description="Tokens over the cap are masked out or clamped to it."
     )
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the frozen reference.")
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of a per-token KL penalty (k3 estimator) to the frozen initial model.",
+    )
+    minibatches: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Optimizer steps per batch (one policy version). Proximal log-probs are computed "
+            "once, before the first step, so clipping acts from the second step on."
+        ),
+    )
+    fuse_proximal: bool = Field(
+        True,
+        description=(
+            "Take the first minibatch's proximal log-probs from its own gradient forward pass "
+            "(same weights, identical values) instead of an extra no-grad pass."
+        ),
+    )
     micro_batch_tokens: int = Field(
-        2048, ge=16, description="Tokens per forward/backward micro-batch."
+        2048,
+        ge=16,
+        description="Tokens per forward/backward micro-batch (sequences packed without padding).",
     )
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept on disk.")
-    lora: LoraSettings = Field(default_factory=LoraSettings)
+    max_updates: int | None = Field(
+        None, ge=1, description="Stop after this many updates in this run; unset = run forever."
+    )
+    read_block_ms: int = Field(
+        500, ge=10, description="How long one read of liveloop:batches blocks before re-checking."
+    )
+    claim_idle_ms: int = Field(
+        600_000,
+        ge=1000,
+        description="A batch pending this long on a dead trainer is reclaimed.",
+    )
+    consumer_name: str | None = Field(
+        None, description="Consumer name in the group `trainer` (default: host-pid)."
+    )
+    lora: LoraSettings = Field(default_factory=LoraSettings)  # type: ignore[arg-type]

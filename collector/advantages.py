@@ -1,0 +1,142 @@
+"""Advantages from judged scores: group-normalised, or against a running baseline per judge.
+
+When a request asked for several samples (n > 1) they share a group key and arrive close
+together; `GroupAssembler` holds each group open for `group_wait_s` after its first sample,
+then the group is closed. A group of two or more gets advantages (score - mean) / (std + eps)
+(all zero when every sample scored the same); a lone sample gets score minus the running
+baseline of its judge, an exponential moving average with bias correction, so the first
+scores of a judge are not measured against an arbitrary zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from liveloop.contracts import BatchSample, ScoredTurn
+
+GROUP_STD_EPS = 1e-6
+
+
+@dataclass
+class PendingSample:
+    """A judged turn waiting to be packed, with the stream entry to acknowledge with it."""
+
+    entry_id: str
+    turn: ScoredTurn
+    arrived_at: float
+    advantage: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """Idempotency key of the turn (session, turn index, sample index)."""
+        return self.turn.key
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + completion tokens."""
+        return len(self.turn.prompt_token_ids) + len(self.turn.completion_token_ids)
+
+    @property
+    def main_version(self) -> int:
+        """The version that produced most of the turn's tokens (for reward per version)."""
+        return Counter(self.turn.versions).most_common(1)[0][0] if self.turn.versions else 0
+
+    def to_batch_sample(self) -> BatchSample:
+        """The compact form that goes into a training batch."""
+        t = self.turn
+        return BatchSample(
+            key=t.key,
+            prompt_token_ids=t.prompt_token_ids,
+            completion_token_ids=t.completion_token_ids,
+            logprobs=t.logprobs,
+            versions=t.versions,
+            advantage=self.advantage,
+            score=t.score,
+        )
+
+
+@dataclass
+class RunningBaseline:
+    """Bias-corrected exponential moving average of one judge's scores."""
+
+    decay: float
+    raw: float = 0.0
+    count: int = 0
+
+    @property
+    def value(self) -> float:
+        """The current baseline (0 before any score)."""
+        if self.count == 0:
+            return 0.0
+        return self.raw / (1.0 - self.decay**self.count)
+
+    def update(self, score: float) -> None:
+        """Fold one score in."""
+        self.raw = self.decay * self.raw + (1.0 - self.decay) * score
+        self.count += 1
+
+
+@dataclass
+class Baselines:
+    """One running baseline per judge."""
+
+    decay: float
+    by_judge: dict[str, RunningBaseline] = field(default_factory=dict)
+
+    def get(self, judge: str) -> RunningBaseline:
+        """The judge's baseline, created on first use."""
+        if judge not in self.by_judge:
+            self.by_judge[judge] = RunningBaseline(self.decay)
+        return self.by_judge[judge]
+
+    def assign(self, group: list[PendingSample]) -> None:
+        """Set the advantages of a closed group, then fold its scores into the baselines."""
+        if len(group) >= 2:
+            scores = [p.turn.score for p in group]
+            mean = sum(scores) / len(scores)
+            std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+            for p in group:
+                p.advantage = 0.0 if std < GROUP_STD_EPS else (p.turn.score - mean) / std
+        else:
+            baseline = self.get(group[0].turn.judge)
+            group[0].advantage = group[0].turn.score - baseline.value
+        for p in group:
+            self.get(p.turn.judge).update(p.turn.score)
+
+
+class GroupAssembler:
+    """Holds samples by group key until `group_wait_s` after each group's first arrival."""
+
+    def __init__(self, group_wait_s: float) -> None:
+        self.group_wait_s = group_wait_s
+        self._groups: dict[str, list[PendingSample]] = {}
+        self._opened: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._groups.values())
+
+    def add(self, sample: PendingSample) -> bool:
+        """Add a sample; False (ignored) when the same turn key is already in its group."""
+        key = sample.turn.group_key
+        group = self._groups.setdefault(key, [])
+        if any(p.key == sample.key for p in group):
+            return False
+        if not group:
+            self._opened[key] = sample.arrived_at
+        group.append(sample)
+        return True
+
+    def pop_closed(self, now: float) -> list[list[PendingSample]]:
+        """Groups whose wait is over, in the order they were opened."""
+        closed = [k for k, t in self._opened.items() if now - t >= self.group_wait_s]
+        result = []
+        for key in closed:
+            del self._opened[key]
+            result.append(sorted(self._groups.pop(key), key=lambda p: p.turn.sample_index))
+        return result
+
+    def holds(self, key: str) -> bool:
+        """True when a turn with this idempotency key is waiting in a group."""
+        return any(p.key == key for g in self._groups.values() for p in g)

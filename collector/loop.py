@@ -1,0 +1,200 @@
+"""The collecting loop: judged turns in, staleness-bounded token-packed batches out.
+
+Each step reads `liveloop:scored` (consumer group `collector`), rejects turns that cannot be
+trained on (side turns, empty or malformed ones, turns more than `max_staleness` versions
+behind the trainer), holds the rest in their prompt group for `group_wait_s`, assigns
+advantages when a group closes, and packs ready turns into batches. A turn's stream entry
+is acknowledged only once the batch holding it is published (or once it is rejected), so a
+crash loses nothing: the collector's pending entries come back to it on restart, and the
+batch writer refuses turns that were already published. Nothing here waits on the server
+or the trainer: the trainer's version is a cached read of `liveloop:weights`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis.asyncio as aredis
+from pydantic import ValidationError
+
+from collector.advantages import Baselines, GroupAssembler, PendingSample
+from collector.metrics import CollectorMetrics
+from collector.packing import Bin, FlushPolicy
+from collector.versions import TrainerVersion
+from collector.writer import BatchWriter
+from liveloop import bus
+from liveloop.config import LiveLoopSettings
+from liveloop.contracts import ScoredTurn
+
+log = logging.getLogger(__name__)
+
+COLLECTOR_GROUP = "collector"
+IDLE_BLOCK_MS = 1000
+BUSY_BLOCK_MS = 100
+
+
+def reject_reason(turn: ScoredTurn) -> str | None:
+    """Why a judged turn can never be trained on, or None."""
+    if turn.turn_type == "side":
+        return "side"
+    if not turn.completion_token_ids or not turn.prompt_token_ids:
+        return "empty"
+    n = len(turn.completion_token_ids)
+    if len(turn.logprobs) != n or len(turn.versions) != n:
+        return "invalid"
+    return None
+
+
+class Collector:
+    """Turns `liveloop:scored` into `liveloop:batches`; call `run()`, stop with `stop()`."""
+
+    def __init__(
+        self,
+        settings: LiveLoopSettings,
+        client: aredis.Redis,
+        *,
+        metrics: CollectorMetrics | None = None,
+        trainer_version: TrainerVersion | None = None,
+    ) -> None:
+        cfg = settings.collector
+        self.cfg = cfg
+        self.client = client
+        self.metrics = metrics or CollectorMetrics()
+        self.consumer = bus.StreamConsumer(
+            client,
+            bus.SCORED,
+            COLLECTOR_GROUP,
+            cfg.consumer_name,
+            claim_idle_ms=cfg.claim_idle_ms,
+            count=cfg.read_count,
+        )
+        self.versions = trainer_version or TrainerVersion(client, poll_s=cfg.version_poll_s)
+        self.writer = BatchWriter(client, settings.data_dir, cfg.inline_max_bytes)
+        self.groups = GroupAssembler(cfg.group_wait_s)
+        self.baselines = Baselines(cfg.baseline_decay)
+        self.policy = FlushPolicy(cfg.token_budget, cfg.min_turns, cfg.min_fill, cfg.max_wait_s)
+        self.ready: list[PendingSample] = []
+        self._held_entries: set[str] = set()
+        self._held_keys: set[str] = set()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Finish after the current step; held turns stay pending and come back on restart."""
+        self._stop.set()
+
+    async def start(self) -> None:
+        """Create the consumer group and read the trainer's version."""
+        await self.consumer.ensure_group()
+        self.metrics.trainer_version.set(await self.versions.current(force=True))
+
+    async def run(self) -> None:
+        """Step until `stop()`."""
+        await self.start()
+        while not self._stop.is_set():
+            await self.step()
+
+    async def step(self, block_ms: int | None = None) -> None:
+        """Read what arrived, close due groups, publish the batches that are ready."""
+        if block_ms is None:
+            block_ms = BUSY_BLOCK_MS if self._held_entries else IDLE_BLOCK_MS
+        entries = await self.consumer.read(block_ms=block_ms)
+        now = time.monotonic()
+        await self._intake(entries, now)
+        for group in self.groups.pop_closed(now):
+            self.baselines.assign(group)
+            for p in group:
+                self.metrics.reward.labels(str(p.main_version)).observe(p.turn.score)
+                self.metrics.baseline.labels(p.turn.judge).set(
+                    self.baselines.get(p.turn.judge).value
+                )
+            self.ready.extend(group)
+        await self._flush(now)
+        self.metrics.pending.set(len(self._held_entries))
+
+    async def _dead_letter(self, entry: bus.Entry, error: str) -> None:
+        fields = dict(entry.fields)
+        fields.update({"error": error[:2000], "source_id": entry.id, "attempts": "1"})
+        await self.client.xadd(bus.dlq_key(bus.SCORED), fields)  # type: ignore[arg-type]
+        log.error("scored entry %s dead-lettered: %s", entry.id, error)
+
+    def _lag(self, turn: ScoredTurn, version: int) -> int:
+        return version - turn.min_version
+
+    async def _intake(self, entries: list[bus.Entry], now: float) -> None:
+        version = await self.versions.current()
+        self.metrics.trainer_version.set(version)
+        acks: list[str] = []
+        candidates: list[PendingSample] = []
+        for entry in entries:
+            if entry.id in self._held_entries:
+                continue  # our own held entry, reclaimed after a long wait
+            self.metrics.turns.inc()
+            try:
+                turn = entry.parse(ScoredTurn)
+            except (ValidationError, ValueError) as exc:
+                await self._dead_letter(entry, f"unreadable scored turn: {exc}")
+                acks.append(entry.id)
+                continue
+            reason = reject_reason(turn)
+            if reason is None:
+                lag = self._lag(turn, version)
+                self.metrics.staleness.observe(max(lag, 0))
+                if lag > self.cfg.max_staleness:
+                    reason = "stale"
+            if reason is not None:
+                self.metrics.dropped.labels(reason).inc()
+                acks.append(entry.id)
+                continue
+            candidates.append(PendingSample(entry.id, turn, now))
+        published = await self.writer.already_batched([c.key for c in candidates])
+        for c in candidates:
+            if c.key in published or c.key in self._held_keys:
+                self.metrics.dropped.labels("duplicate").inc()
+                acks.append(c.entry_id)
+                continue
+            self.groups.add(c)
+            self._held_entries.add(c.entry_id)
+            self._held_keys.add(c.key)
+        await self.consumer.ack(*acks)
+
+    async def _release(self, samples: list[PendingSample]) -> None:
+        """Acknowledge and forget samples that are published or dropped."""
+        for p in samples:
+            self._held_entries.discard(p.entry_id)
+            self._held_keys.discard(p.key)
+        await self.consumer.ack(*[p.entry_id for p in samples])
+
+    async def _flush(self, now: float) -> None:
+        if not self.policy.worth_packing(self.ready, now):
+            return
+        version = await self.versions.current()
+        stale = [p for p in self.ready if self._lag(p.turn, version) > self.cfg.max_staleness]
+        if stale:
+            self.metrics.dropped.labels("stale").inc(len(stale))
+            await self._release(stale)
+            gone = {p.entry_id for p in stale}
+            self.ready = [p for p in self.ready if p.entry_id not in gone]
+        ship, self.ready = self.policy.split(self.ready, now)
+        for b in ship:
+            await self._publish(b, version, now)
+
+    async def _publish(self, b: Bin, version: int, now: float) -> None:
+        result = await self.writer.write([p.to_batch_sample() for p in b.samples], version)
+        if result.status in ("ok", "dup"):
+            if result.status == "ok":
+                self.metrics.batches.inc()
+                self.metrics.batched_turns.inc(len(b.samples))
+                self.metrics.batch_tokens.observe(b.tokens)
+                self.metrics.batch_wait.observe(now - b.oldest)
+                if result.batch.path is not None:
+                    self.metrics.by_reference.inc()
+            await self._release(b.samples)
+            return
+        # Some turn is already in a published batch (a second collector got there first).
+        taken = await self.writer.already_batched([p.key for p in b.samples])
+        dupes = [p for p in b.samples if p.key in taken]
+        self.metrics.dropped.labels("duplicate").inc(len(dupes))
+        await self._release(dupes)
+        self.ready.extend(p for p in b.samples if p.key not in taken)

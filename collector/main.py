@@ -1,0 +1,75 @@
+"""Entry point of `liveloop collect`: connect, serve metrics, run the collecting loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from collector.loop import Collector
+from collector.metrics import CollectorMetrics
+from collector.versions import TrainerVersion
+from liveloop import bus
+from liveloop.config import LiveLoopSettings
+from liveloop.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class RegistryVersion:
+    """Newest version recorded in the registry (used when `liveloop:weights` is empty)."""
+
+    def __init__(self, db_url: str) -> None:
+        self.db_url = db_url
+        self._registry: Registry | None = None
+
+    def __call__(self) -> int | None:
+        if self._registry is None:
+            self._registry = Registry.open(self.db_url)
+        latest = self._registry.latest_model_version()
+        return latest.version if latest is not None else None
+
+    def close(self) -> None:
+        """Release the registry's connections."""
+        if self._registry is not None:
+            self._registry.close()
+
+
+async def serve(settings: LiveLoopSettings, metrics: CollectorMetrics) -> None:
+    """Run the collector until SIGINT/SIGTERM."""
+    if not settings.redis_url:
+        raise bus.BusUnavailable("liveloop collect needs --redis-url (or LIVELOOP_REDIS_URL)")
+    client = await bus.connect(settings.redis_url)
+    registry_version = RegistryVersion(settings.effective_db_url)
+    versions = TrainerVersion(
+        client, poll_s=settings.collector.version_poll_s, registry_latest=registry_version
+    )
+    collector = Collector(settings, client, metrics=metrics, trainer_version=versions)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, collector.stop)
+    try:
+        await collector.run()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        registry_version.close()
+        await client.aclose()
+
+
+def run(settings: LiveLoopSettings) -> None:
+    """Collect until stopped."""
+    metrics = CollectorMetrics(CollectorRegistry())
+    server = None
+    if settings.metrics_port is not None:
+        server, _thread = start_http_server(
+            settings.metrics_port, addr=settings.host, registry=metrics.registry
+        )
+        log.info("collector metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+    try:
+        asyncio.run(serve(settings, metrics))
+    finally:
+        if server is not None:
+            server.shutdown()

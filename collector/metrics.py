@@ -1,0 +1,73 @@
+"""Prometheus metrics of the collecting loop, created on a registry passed in (never global)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
+
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 40, 80)
+TOKEN_BUCKETS = (64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+
+
+class CollectorMetrics:
+    """Turns in and dropped, staleness, rewards per version, batches and their wait time."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.turns = Counter("liveloop_collector_turns", "Scored turns read.", registry=r)
+        self.dropped = Counter(
+            "liveloop_collector_dropped_turns",
+            "Turns not batched, by reason (stale, side, empty, invalid, duplicate).",
+            ["reason"],
+            registry=r,
+        )
+        self.staleness = Histogram(
+            "liveloop_collector_staleness",
+            "Versions between a turn's oldest token and the trainer when the turn was read.",
+            buckets=STALENESS_BUCKETS,
+            registry=r,
+        )
+        self.reward = Summary(
+            "liveloop_collector_reward",
+            "Judged score of turns, by the policy version that produced most of their tokens.",
+            ["version"],
+            registry=r,
+        )
+        self.batches = Counter("liveloop_collector_batches", "Batches published.", registry=r)
+        self.batched_turns = Counter(
+            "liveloop_collector_batched_turns", "Turns published in batches.", registry=r
+        )
+        self.batch_tokens = Histogram(
+            "liveloop_collector_batch_tokens",
+            "Tokens per published batch.",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.by_reference = Counter(
+            "liveloop_collector_batches_by_reference",
+            "Batches written to a file instead of inline.",
+            registry=r,
+        )
+        self.batch_wait = Histogram(
+            "liveloop_collector_batch_wait_seconds",
+            "Time from a batch's oldest turn arriving to the batch being published.",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.pending = Gauge(
+            "liveloop_collector_pending_turns",
+            "Turns waiting in groups or for a batch.",
+            registry=r,
+        )
+        self.trainer_version = Gauge(
+            "liveloop_collector_trainer_version",
+            "Trainer version staleness is bounded against.",
+            registry=r,
+        )
+        self.baseline = Gauge(
+            "liveloop_collector_baseline",
+            "Running reward baseline per judge.",
+            ["judge"],
+            registry=r,
+        )

@@ -1,0 +1,83 @@
+"""Packing turns into batches by a token budget (sorted first-fit), and when to ship them.
+
+Turns are sorted longest first and each goes into the first batch with room for it, which
+fills batches tightly (first-fit decreasing uses at most 11/9 of the optimal number of
+batches, plus one). A turn longer than the whole budget gets a batch of its own. A batch
+ships when it holds `min_turns` turns, or `min_fill` of the budget, or when its oldest
+turn has waited `max_wait_s`; the others go back to wait for more turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from collector.advantages import PendingSample
+
+
+@dataclass
+class Bin:
+    """One batch being packed."""
+
+    samples: list[PendingSample] = field(default_factory=list)
+    tokens: int = 0
+
+    @property
+    def oldest(self) -> float:
+        """Arrival time of the earliest turn in the batch."""
+        return min(p.arrived_at for p in self.samples)
+
+
+def first_fit(samples: Sequence[PendingSample], budget: int) -> list[Bin]:
+    """Sorted first-fit: longest turn first, each into the first batch with room for it."""
+    bins: list[Bin] = []
+    for sample in sorted(samples, key=lambda p: (-p.tokens, p.arrived_at, p.key)):
+        for b in bins:
+            if b.tokens + sample.tokens <= budget:
+                b.samples.append(sample)
+                b.tokens += sample.tokens
+                break
+        else:
+            bins.append(Bin([sample], sample.tokens))
+    return bins
+
+
+@dataclass(frozen=True)
+class FlushPolicy:
+    """When a packed batch is ready to ship."""
+
+    token_budget: int
+    min_turns: int
+    min_fill: float
+    max_wait_s: float
+
+    def ready(self, b: Bin, now: float) -> bool:
+        """Whether this batch ships now."""
+        return (
+            len(b.samples) >= self.min_turns
+            or b.tokens >= self.min_fill * self.token_budget
+            or now - b.oldest >= self.max_wait_s
+        )
+
+    def worth_packing(self, samples: Sequence[PendingSample], now: float) -> bool:
+        """Cheap test whether packing could produce a ready batch at all."""
+        if not samples:
+            return False
+        if len(samples) >= self.min_turns:
+            return True
+        if sum(p.tokens for p in samples) >= self.min_fill * self.token_budget:
+            return True
+        return now - min(p.arrived_at for p in samples) >= self.max_wait_s
+
+    def split(
+        self, samples: Sequence[PendingSample], now: float
+    ) -> tuple[list[Bin], list[PendingSample]]:
+        """(batches to ship now, samples to keep waiting)."""
+        ship: list[Bin] = []
+        keep: list[PendingSample] = []
+        for b in first_fit(samples, self.token_budget):
+            if self.ready(b, now):
+                ship.append(b)
+            else:
+                keep.extend(b.samples)
+        return ship, keep

@@ -1,0 +1,124 @@
+"""Writing batches to `liveloop:batches` exactly once, inline or by reference to a file.
+
+A batch's id is a hash of its turn keys, and one Lua script, atomically: refuses the batch
+when its id was published before (the dedupe key, as `bus.publish` does) or when any of its
+turns is already part of a published batch; otherwise XADDs the entry and records every
+turn key in a sorted set (scored by time, trimmed after `MEMBER_TTL_S`). So a turn
+re-delivered after a crash, or reclaimed by a second collector, is never trained twice.
+A batch over `inline_max_bytes` is written (atomically) to `<data-dir>/batches/<id>.json`
+first; the entry then carries that path relative to the data dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis.asyncio as aredis
+
+from liveloop import bus
+from liveloop.contracts import BatchSample, TrainingBatch
+
+MEMBER_TTL_S = 7 * 24 * 3600
+BATCHES_SUBDIR = "batches"
+
+# KEYS: stream, dedupe marker, member set. ARGV: ttl, now, cutoff, n_members, members...,
+# then stream field/value pairs. Returns the entry id, "dup", or the first taken member.
+_PUBLISH_BATCH = """
+local n = tonumber(ARGV[4])
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'dup'} end
+for i = 5, 4 + n do
+  if redis.call('ZSCORE', KEYS[3], ARGV[i]) then return {'taken', ARGV[i]} end
+end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
+for i = 5, 4 + n do redis.call('ZADD', KEYS[3], ARGV[2], ARGV[i]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[3])
+return {'ok', redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5 + n))}
+"""
+
+
+def batch_id_for(keys: Sequence[str]) -> str:
+    """Deterministic id of a batch: the same turns always give the same id."""
+    digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()
+    return f"b-{digest[:24]}"
+
+
+@dataclass
+class WriteResult:
+    """Outcome of one batch write."""
+
+    status: str  # "ok", "dup" (this exact batch exists) or "taken" (a turn is in another)
+    batch: TrainingBatch
+    entry_id: str | None = None
+    taken_key: str | None = None
+
+
+class BatchWriter:
+    """Publishes batches once; knows which turn keys are already batched."""
+
+    def __init__(
+        self, client: aredis.Redis, data_dir: Path, inline_max_bytes: int = 4 * 1024 * 1024
+    ) -> None:
+        self.client = client
+        self.data_dir = Path(data_dir)
+        self.inline_max_bytes = inline_max_bytes
+        self.stream = bus.stream_key(bus.BATCHES)
+        self.members_key = self.stream + ":members"
+
+    async def already_batched(self, keys: Sequence[str]) -> set[str]:
+        """The subset of turn keys that are part of a published batch."""
+        if not keys:
+            return set()
+        scores = await self.client.zmscore(self.members_key, list(keys))
+        return {k for k, s in zip(keys, scores, strict=True) if s is not None}
+
+    def _spill(self, batch: TrainingBatch) -> Path:
+        """Write the samples to a file (atomically); returns its path relative to the data dir."""
+        rel = Path(BATCHES_SUBDIR) / f"{batch.batch_id}.json"
+        full = self.data_dir / rel
+        full.parent.mkdir(parents=True, exist_ok=True)
+        tmp = full.with_suffix(f".tmp-{os.getpid()}")
+        with open(tmp, "wb") as fh:
+            fh.write(batch.model_dump_json().encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(full)
+        return rel
+
+    async def write(self, samples: list[BatchSample], trainer_version: int) -> WriteResult:
+        """Publish one batch (by reference when large) unless it or a turn of it exists."""
+        keys = [s.key for s in samples]
+        batch = TrainingBatch(
+            batch_id=batch_id_for(keys),
+            trainer_version=trainer_version,
+            num_tokens=sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s in samples),
+            samples=samples,
+        )
+        payload = batch.model_dump_json()
+        spilled: Path | None = None
+        existed = False
+        if len(payload) > self.inline_max_bytes:
+            existed = (self.data_dir / BATCHES_SUBDIR / f"{batch.batch_id}.json").exists()
+            spilled = self._spill(batch)
+            batch = batch.model_copy(update={"samples": None, "path": str(spilled)})
+            payload = batch.model_dump_json()
+        now = time.time()
+        argv: list[str | int | float] = [bus.DEDUPE_TTL_S, now, now - MEMBER_TTL_S, len(keys)]
+        argv += keys
+        argv += ["data", payload, "batch_id", batch.batch_id, "num_tokens", batch.num_tokens]
+        marker = f"{self.stream}:seen:{batch.batch_id}"
+        reply = await self.client.eval(  # type: ignore[misc]
+            _PUBLISH_BATCH, 3, self.stream, marker, self.members_key, *argv
+        )
+        status = str(reply[0])
+        if status != "ok" and spilled is not None and not existed:
+            # Ours alone: a "dup" whose file still exists shares it with the earlier entry.
+            (self.data_dir / spilled).unlink(missing_ok=True)
+        if status == "ok":
+            return WriteResult("ok", batch, entry_id=str(reply[1]))
+        taken = str(reply[1]) if status == "taken" else None
+        return WriteResult(status, batch, taken_key=taken)

@@ -1,0 +1,221 @@
+"""The collecting loop against a real Valkey: staleness, advantages, packing, exactly-once."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aredis
+
+from collector.advantages import Baselines, PendingSample
+from collector.loop import Collector
+from collector.packing import FlushPolicy, first_fit
+from collector.writer import BatchWriter
+from liveloop import bus
+from liveloop.contracts import TrainingBatch
+from tests.test_collector_support import announce, publish_turns, scored_turn, settings_for
+from trainer.source import load_batch_file
+
+FAST = {"group_wait_s": 0.0, "min_turns": 1, "max_wait_s": 0.05}
+
+
+async def batches(client: aredis.Redis) -> list[TrainingBatch]:
+    return [bus.decode(f, TrainingBatch) for _id, f in await client.xrange("liveloop:batches")]
+
+
+async def make_collector(client: aredis.Redis, redis_url: str, data_dir: Path, **cfg: object):
+    settings = settings_for(redis_url, data_dir, collector={**FAST, **cfg})
+    collector = Collector(settings, client)
+    await collector.start()
+    return collector
+
+
+async def run_steps(collector: Collector, n: int = 3) -> None:
+    for _ in range(n):
+        await collector.step(block_ms=20)
+        await asyncio.sleep(0.06)
+
+
+async def test_stale_turns_are_dropped_and_counted(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    await announce(aredis_client, 5)
+    turns = [
+        scored_turn("fresh", versions=[5, 5]),
+        scored_turn("edge", versions=[3, 5]),  # 2 behind: allowed with max_staleness 2
+        scored_turn("old", versions=[2, 5]),  # 3 behind: dropped
+    ]
+    await publish_turns(aredis_client, turns)
+    collector = await make_collector(aredis_client, redis_url, data_dir, max_staleness=2)
+    await run_steps(collector)
+    got = await batches(aredis_client)
+    keys = sorted(s.key for b in got for s in b.samples or [])
+    assert keys == ["edge:0:0", "fresh:0:0"]
+    assert all(b.trainer_version == 5 for b in got)
+    assert collector.metrics.dropped.labels("stale")._value.get() == 1
+    assert await collector.consumer.lag() == (0, 0)  # everything acknowledged
+
+
+async def test_on_policy_only_with_max_staleness_zero(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    await announce(aredis_client, 2)
+    await publish_turns(
+        aredis_client,
+        [scored_turn("a", versions=[2, 2]), scored_turn("b", versions=[1, 2])],
+    )
+    collector = await make_collector(aredis_client, redis_url, data_dir, max_staleness=0)
+    await run_steps(collector)
+    keys = [s.key for b in await batches(aredis_client) for s in b.samples or []]
+    assert keys == ["a:0:0"]
+
+
+async def test_group_normalised_advantages_and_per_judge_baseline(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    scores = [1.0, 0.0, -1.0]
+    group = [scored_turn("g", sample_index=i, score=s, judge="m") for i, s in enumerate(scores)]
+    lone = [
+        scored_turn("x1", score=1.0, judge="rules"),
+        scored_turn("y1", score=-0.5, judge="llm"),
+    ]
+    await publish_turns(aredis_client, [group[0], lone[0], lone[1], group[1], group[2]])
+    collector = await make_collector(aredis_client, redis_url, data_dir, group_wait_s=0.3)
+    await collector.step(block_ms=20)
+    assert await batches(aredis_client) == []  # the group is still open
+    await asyncio.sleep(0.35)
+    await run_steps(collector, 2)
+    adv = {s.key: s.advantage for b in await batches(aredis_client) for s in b.samples or []}
+    std = math.sqrt(2 / 3)
+    assert adv["g:0:0"] == pytest.approx(1 / std)
+    assert adv["g:0:1"] == pytest.approx(0.0)
+    assert adv["g:0:2"] == pytest.approx(-1 / std)
+    # Each lone turn is the first of its judge: measured against an empty baseline (0).
+    assert adv["x1:0:0"] == pytest.approx(1.0)
+    assert adv["y1:0:0"] == pytest.approx(-0.5)
+
+
+def test_running_baseline_is_a_bias_corrected_ema_per_judge() -> None:
+    baselines = Baselines(decay=0.9)
+
+    def lone(score: float, judge: str = "rules") -> float:
+        p = PendingSample("0-1", scored_turn("s", score=score, judge=judge), 0.0)
+        baselines.assign([p])
+        return p.advantage
+
+    assert lone(1.0) == pytest.approx(1.0)  # nothing seen yet
+    assert lone(0.0) == pytest.approx(-1.0)  # baseline = 1.0 after one score
+    # after [1, 0]: raw = 0.9 * 0.1 + 0.1 * 0 = 0.09, corrected 0.09 / (1 - 0.81)
+    assert lone(0.5) == pytest.approx(0.5 - 0.09 / 0.19)
+    assert lone(0.5, judge="llm") == pytest.approx(0.5)  # another judge, own baseline
+    # A group with equal scores carries no signal.
+    group = [
+        PendingSample(str(i), scored_turn("e", sample_index=i, score=0.3), 0.0) for i in (0, 1)
+    ]
+    baselines.assign(group)
+    assert [p.advantage for p in group] == [0.0, 0.0]
+
+
+def pending(tokens: int, key: str, arrived: float = 0.0) -> PendingSample:
+    turn = scored_turn(key, prompt_len=tokens - 1, completion_len=1)
+    return PendingSample(f"id-{key}", turn, arrived)
+
+
+def test_sorted_first_fit_packing_and_flush_policy() -> None:
+    items = [pending(n, f"k{n}") for n in (30, 60, 20, 50, 40)]
+    bins = first_fit(items, budget=100)
+    assert [[p.tokens for p in b.samples] for b in bins] == [[60, 40], [50, 30, 20]]
+    assert [b.tokens for b in bins] == [100, 100]
+    # A turn over the budget gets a batch of its own.
+    assert [b.tokens for b in first_fit([pending(150, "big"), pending(10, "s")], 100)] == [150, 10]
+
+    policy = FlushPolicy(token_budget=100, min_turns=3, min_fill=0.5, max_wait_s=10.0)
+    few = [pending(10, "a", arrived=0.0), pending(10, "b", arrived=1.0)]
+    ship, keep = policy.split(few, now=5.0)
+    assert ship == [] and len(keep) == 2  # 2 turns, 20 tokens, waited 5 s: not yet
+    ship, keep = policy.split(few, now=10.0)
+    assert len(ship) == 1 and keep == []  # the oldest waited max_wait_s
+    ship, _ = policy.split([pending(60, "full")], now=0.0)
+    assert len(ship) == 1  # over min_fill of the budget
+
+
+async def test_packs_by_token_budget(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    turns = [scored_turn(f"s{i}", prompt_len=40, completion_len=10) for i in range(5)]
+    await publish_turns(aredis_client, turns)
+    collector = await make_collector(aredis_client, redis_url, data_dir, token_budget=120)
+    await run_steps(collector)
+    got = await batches(aredis_client)
+    assert sorted(len(b.samples or []) for b in got) == [1, 2, 2]
+    assert all(b.num_tokens <= 120 for b in got)
+
+
+async def test_large_batch_goes_by_reference(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    turns = [scored_turn(f"s{i}", prompt_len=100, completion_len=50) for i in range(4)]
+    await publish_turns(aredis_client, turns)
+    collector = await make_collector(aredis_client, redis_url, data_dir, inline_max_bytes=1024)
+    await run_steps(collector)
+    [batch] = await batches(aredis_client)
+    assert batch.samples is None and batch.path is not None
+    assert not Path(batch.path).is_absolute()
+    samples = load_batch_file(data_dir, batch.path)
+    assert sorted(s.key for s in samples) == [f"s{i}:0:0" for i in range(4)]
+    by_key = {t.key: t for t in turns}
+    assert all(s.completion_token_ids == by_key[s.key].completion_token_ids for s in samples)
+
+
+async def test_side_empty_and_unreadable_turns(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    await publish_turns(aredis_client, [scored_turn("side", turn_type="side")])
+    await publish_turns(aredis_client, [scored_turn("empty", versions=[])])
+    await aredis_client.xadd("liveloop:scored", {"data": "{not json"})
+    collector = await make_collector(aredis_client, redis_url, data_dir)
+    await run_steps(collector)
+    assert await batches(aredis_client) == []
+    assert collector.metrics.dropped.labels("side")._value.get() == 1
+    assert collector.metrics.dropped.labels("empty")._value.get() == 1
+    dead = await aredis_client.xrange("liveloop:scored:dlq")
+    assert len(dead) == 1 and "unreadable" in dead[0][1]["error"]
+    assert await collector.consumer.lag() == (0, 0)
+
+
+async def test_redelivered_turns_are_batched_once(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    turns = [scored_turn(f"s{i}") for i in range(3)]
+    await publish_turns(aredis_client, turns)
+    # Collector "a" reads the turns and dies before batching them (group still open).
+    first = await make_collector(aredis_client, redis_url, data_dir, group_wait_s=60.0)
+    first.consumer.consumer = "a"
+    await first.step(block_ms=20)
+    assert await batches(aredis_client) == [] and len(first._held_entries) == 3
+    # Restarted as "a": its pending entries come back and are batched.
+    again = await make_collector(aredis_client, redis_url, data_dir)
+    again.consumer.consumer = "a"
+    await run_steps(again)
+    assert len(await batches(aredis_client)) == 1
+    # The same turns published again (a judge retried) are acknowledged, not re-batched.
+    await publish_turns(aredis_client, turns)
+    await run_steps(again)
+    assert len(await batches(aredis_client)) == 1
+    assert again.metrics.dropped.labels("duplicate")._value.get() == 3
+    assert await again.consumer.lag() == (0, 0)
+
+
+async def test_writer_is_exactly_once_per_batch_and_per_turn(
+    aredis_client: aredis.Redis, data_dir: Path
+) -> None:
+    writer = BatchWriter(aredis_client, data_dir)
+    samples = [pending(10, k).to_batch_sample() for k in ("a", "b", "c")]
+    assert (await writer.write(samples[:2], 0)).status == "ok"
+    assert (await writer.write(list(reversed(samples[:2])), 0)).status == "dup"
+    overlap = await writer.write(samples[1:], 0)
+    assert overlap.status == "taken" and overlap.taken_key == samples[1].key
+    assert await writer.already_batched([s.key for s in samples]) == {"a:0:0", "b:0:0"}
+    assert len(await batches(aredis_client)) == 1

@@ -1,0 +1,132 @@
+"""The training loop end to end on tiny-random: checkpoints, registry, announcements, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis.asyncio as aredis
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from collector.writer import BatchWriter
+from liveloop import bus
+from liveloop.config import LiveLoopSettings
+from liveloop.contracts import WeightsAnnouncement
+from liveloop.models import load_model
+from liveloop.registry import Registry
+from tests.test_collector_support import settings_for
+from tests.test_trainer import make_samples
+from trainer.loop import Trainer
+
+
+def settings(redis_url: str, data_dir: Path, **trainer: object) -> LiveLoopSettings:
+    cfg = {"lr": 1e-3, "read_block_ms": 100, **trainer}
+    return settings_for(redis_url, data_dir, trainer=cfg)
+
+
+async def announcements(client: aredis.Redis) -> list[WeightsAnnouncement]:
+    entries = await client.xrange("liveloop:weights")
+    return [bus.decode(f, WeightsAnnouncement) for _id, f in entries]
+
+
+def base_embedding() -> torch.Tensor:
+    return load_model("tiny-random").model.get_input_embeddings().weight.detach()
+
+
+async def test_publishes_versions_and_resumes_after_restart(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    writer = BatchWriter(aredis_client, data_dir)
+    first = make_samples(6, seed=10)
+    await writer.write(first[:3], 0)  # inline
+    spiller = BatchWriter(aredis_client, data_dir, inline_max_bytes=1024)
+    await spiller.write(first[3:], 0)  # by reference: a file under the data dir
+    spilled = list((data_dir / "batches").glob("*.json"))
+    assert len(spilled) == 1
+
+    trainer = Trainer(settings(redis_url, data_dir, max_updates=2, keep_checkpoints=2))
+    await trainer.run()
+    assert trainer.version == 2
+
+    ckpt = data_dir / "checkpoints" / "v2"
+    loaded = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "tokenizer.json").is_file()
+    emb = loaded.get_input_embeddings().weight
+    assert torch.equal(emb, trainer.updater.policy.model.get_input_embeddings().weight)
+    assert not torch.equal(emb, base_embedding())
+
+    with Registry.open(trainer.settings.effective_db_url) as reg:
+        rows = reg.list_model_versions()
+    assert [(r.version, r.parent) for r in rows] == [(2, 1), (1, 0)]
+    assert rows[0].path == str(ckpt.resolve()) and "loss" in rows[0].metrics
+    got = await announcements(aredis_client)
+    assert [(a.version, a.parent) for a in got] == [(1, 0), (2, 1)]
+    assert got[1].path == str(ckpt.resolve()) and got[1].metrics["samples"] == 3
+    assert not spilled[0].exists()  # consumed by-reference batch file removed
+    assert (await aredis_client.xpending("liveloop:batches", "trainer"))["pending"] == 0
+
+    # Restart: the first batch comes again (a crash before its ack) plus a new one.
+    saved_state = trainer.updater.optimizer.state_dict()["state"]
+    [(_id, fields)] = await aredis_client.xrange("liveloop:batches", count=1)
+    await aredis_client.xadd("liveloop:batches", fields)
+    await writer.write(make_samples(2, seed=11), 2)
+
+    again = Trainer(settings(redis_url, data_dir, max_updates=1, keep_checkpoints=2))
+    again.setup()
+    assert again.version == 2
+    resumed = again.updater.optimizer.state_dict()["state"]
+    assert resumed.keys() == saved_state.keys()
+    for k, v in saved_state.items():
+        assert torch.equal(resumed[k]["exp_avg_sq"], v["exp_avg_sq"])
+        assert resumed[k]["step"] == v["step"]
+    again.updater = None
+    await again.run()
+    assert again.version == 3 and again.updates_done == 1
+    assert again.metrics.dropped.labels("duplicate_batch")._value.get() == 3  # its samples
+    assert sorted(p.name for p in (data_dir / "checkpoints").iterdir()) == ["v2", "v3"]
+    with Registry.open(again.settings.effective_db_url) as reg:
+        assert [r.version for r in reg.list_model_versions()] == [3, 2]
+    assert [a.version for a in await announcements(aredis_client)] == [1, 2, 3]
+
+
+async def test_lora_checkpoints_hold_merged_weights_and_resume_the_adapter(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    writer = BatchWriter(aredis_client, data_dir)
+    await writer.write(make_samples(4, seed=12), 0)
+    lora = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    s = settings(redis_url, data_dir, max_updates=1, lora=lora, lr=1e-2)
+    trainer = Trainer(s)
+    await trainer.run()
+    ckpt = data_dir / "checkpoints" / "v1"
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    assert not any("lora" in name for name in tensors)
+    merged = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+    base = load_model("tiny-random").model
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged.state_dict()[q], base.state_dict()[q])
+    assert torch.equal(
+        merged.state_dict()["model.norm.weight"], base.state_dict()["model.norm.weight"]
+    )
+
+    again = Trainer(s)
+    again.setup()
+    assert again.version == 1 and again.updater is not None
+    before = {k: v for k, v in trainer.updater.policy.model.state_dict().items() if "lora_" in k}
+    after = {k: v for k, v in again.updater.policy.model.state_dict().items() if "lora_" in k}
+    assert before.keys() == after.keys() and before
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_trainer_applies_the_staleness_bound_again(redis_url: str, data_dir: Path) -> None:
+    samples = make_samples(3, seed=13)
+    for sample, oldest in zip(samples, (3, 2, 1), strict=True):
+        sample.versions = [oldest] + [3] * (len(sample.versions) - 1)
+    s = settings(redis_url, data_dir)
+    s.collector.max_staleness = 1
+    trainer = Trainer(s)
+    trainer.state.version = 3  # batches queued while the trainer moved on
+    kept = trainer._trainable(samples)
+    assert [x.key for x in kept] == [samples[0].key, samples[1].key]
+    assert trainer.metrics.dropped.labels("stale")._value.get() == 1

@@ -1,0 +1,127 @@
+"""From batch samples to model inputs: minibatch and rank splits, padding-free micro-batches.
+
+A micro-batch packs several sequences into one row with position ids restarting at 0 for
+each sequence; transformers then builds a block-diagonal causal mask, so no token attends
+across sequences and no compute goes to padding. Only the positions that predict a
+completion token are projected onto the vocabulary (`logits_to_keep`). Every split here is
+deterministic and independent of the number of ranks, so one process and several produce
+the same update up to float summation order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from liveloop.contracts import BatchSample
+
+if TYPE_CHECKING:
+    import torch
+
+
+def sample_tokens(sample: BatchSample) -> int:
+    """Tokens a sample occupies in a forward pass."""
+    return len(sample.prompt_token_ids) + len(sample.completion_token_ids)
+
+
+def balanced_split(samples: Sequence[BatchSample], parts: int) -> list[list[BatchSample]]:
+    """Split into `parts` lists of similar token totals (longest first onto the lightest).
+
+    Ties go to the lowest index, and samples are ordered by (tokens, key) first, so the
+    result depends only on the samples, never on arrival order.
+    """
+    ordered = sorted(samples, key=lambda s: (-sample_tokens(s), s.key))
+    bins: list[list[BatchSample]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for sample in ordered:
+        target = min(range(parts), key=lambda i: (loads[i], i))
+        bins[target].append(sample)
+        loads[target] += sample_tokens(sample)
+    return bins
+
+
+@dataclass
+class MicroBatch:
+    """Sequences packed into one row, plus what the loss needs for their completion tokens."""
+
+    input_ids: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    logit_index: torch.Tensor  # [N] row positions whose logits predict a completion token
+    targets: torch.Tensor  # [N] the completion tokens
+    behaviour: torch.Tensor  # [N] behaviour log-probs
+    advantages: torch.Tensor  # [N] the sample's advantage, per token
+    num_tokens: int  # T: tokens in the forward pass
+    num_samples: int
+
+    @property
+    def num_targets(self) -> int:
+        """Completion tokens in this micro-batch (the loss's token count)."""
+        return int(self.targets.numel())
+
+
+def pack_bins(samples: Sequence[BatchSample], max_tokens: int) -> list[list[BatchSample]]:
+    """First-fit decreasing into bins of at most `max_tokens` (a longer sample gets its own)."""
+    bins: list[list[BatchSample]] = []
+    loads: list[int] = []
+    for sample in sorted(samples, key=lambda s: (-sample_tokens(s), s.key)):
+        size = sample_tokens(sample)
+        for i, load in enumerate(loads):
+            if load + size <= max_tokens:
+                bins[i].append(sample)
+                loads[i] += size
+                break
+        else:
+            bins.append([sample])
+            loads.append(size)
+    return bins
+
+
+def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> MicroBatch:
+    """Pack samples into one row (prompt + completion each, positions restarting at 0)."""
+    import torch
+
+    ids: list[int] = []
+    positions: list[int] = []
+    logit_index: list[int] = []
+    targets: list[int] = []
+    behaviour: list[float] = []
+    advantages: list[float] = []
+    for sample in samples:
+        start = len(ids)
+        seq = sample.prompt_token_ids + sample.completion_token_ids
+        ids += seq
+        positions += range(len(seq))
+        first = start + len(sample.prompt_token_ids) - 1  # logits here predict completion[0]
+        logit_index += range(first, first + len(sample.completion_token_ids))
+        targets += sample.completion_token_ids
+        behaviour += sample.logprobs
+        advantages += [sample.advantage] * len(sample.completion_token_ids)
+    return MicroBatch(
+        input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+        position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+        logit_index=torch.tensor(logit_index, dtype=torch.long, device=device),
+        targets=torch.tensor(targets, dtype=torch.long, device=device),
+        behaviour=torch.tensor(behaviour, dtype=torch.float32, device=device),
+        advantages=torch.tensor(advantages, dtype=torch.float32, device=device),
+        num_tokens=len(ids),
+        num_samples=len(samples),
+    )
+
+
+def micro_batches(
+    samples: Sequence[BatchSample], max_tokens: int, device: str = "cpu"
+) -> list[MicroBatch]:
+    """The micro-batches of one rank's share of a minibatch."""
+    return [build_micro_batch(b, device) for b in pack_bins(samples, max_tokens)]
+
+
+def validate_sample(sample: BatchSample) -> str | None:
+    """Why a sample cannot be trained on, or None when it can."""
+    if not sample.prompt_token_ids:
+        return "empty prompt"
+    if not sample.completion_token_ids:
+        return "empty completion"
+    if len(sample.logprobs) != len(sample.completion_token_ids):
+        return "logprobs and completion differ in length"
+    return None

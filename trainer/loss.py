@@ -1,0 +1,117 @@
+"""The decoupled PPO objective as pure tensor arithmetic.
+
+Asynchronous PPO trains on tokens sampled by older policies. The decoupled objective
+separates the two roles the "old" policy plays in PPO: the *behaviour* policy that sampled
+a token (log-prob `b`, recorded by the server) and the *proximal* policy the update is
+trust-region-anchored to (log-prob `p`, the trainer's weights before the update):
+
+    ratio  = exp(c - p)
+    w      = exp(p - b)                      # detached importance weight
+    loss_t = -w * min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+
+Tokens with `w` above `iw_cap` are masked (weight 0) or clamped to the cap. This module
+returns token *sums*, not means, so micro-batches and data-parallel ranks can add their
+parts and divide once by the global token count. It knows nothing about models or I/O,
+which keeps the arithmetic and its gradient checkable by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+# exp() of a log importance weight above this is reported as exp(_MAX_LOG_W): avoids inf.
+_MAX_LOG_W = 30.0
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Hyper-parameters of the objective (a subset of `TrainerConfig`)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    iw_cap: float = 5.0
+    iw_cap_mode: Literal["mask", "clamp"] = "mask"
+    kl_coef: float = 0.0
+
+
+@dataclass
+class LossTerms:
+    """Token sums of one micro-batch; add them up, then divide by the token count."""
+
+    loss_sum: torch.Tensor  # carries the gradient
+    tokens: float
+    clipped: float  # tokens where the clipped branch is the smaller one
+    masked: float  # tokens whose importance weight exceeded the cap
+    iw_sum: float
+    iw_max: float
+    approx_kl_sum: float  # k3 estimate of KL(proximal || current)
+    ref_kl_sum: float  # k3 estimate of KL(current || reference), 0 without a reference
+
+
+def k3_kl(logp_sampling: torch.Tensor, logp_other: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(sampling || other): exp(d) - d - 1 with d = other - sampling.
+
+    Non-negative and unbiased for tokens drawn from the sampling distribution.
+    """
+    d = logp_other - logp_sampling
+    return torch.exp(d) - d - 1.0
+
+
+def importance_weights(
+    proximal: torch.Tensor, behaviour: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(raw w, the weight applied to each token, tokens over the cap), all detached."""
+    log_w = (proximal - behaviour).detach().clamp(max=_MAX_LOG_W)
+    raw = torch.exp(log_w)
+    over = raw > cfg.iw_cap
+    if cfg.iw_cap_mode == "mask":
+        applied = torch.where(over, torch.zeros_like(raw), raw)
+    else:
+        applied = raw.clamp(max=cfg.iw_cap)
+    return raw, applied, over
+
+
+def decoupled_ppo_loss(
+    current: torch.Tensor,
+    proximal: torch.Tensor,
+    behaviour: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: LossConfig,
+    reference: torch.Tensor | None = None,
+) -> LossTerms:
+    """Sum of the per-token decoupled PPO loss over a 1-D run of completion tokens.
+
+    `current` carries the gradient; `proximal`, `behaviour`, `advantages` and `reference`
+    are treated as constants. The KL penalty to the reference (when `kl_coef` > 0 and a
+    reference is given) applies to every token, capped or not.
+    """
+    proximal = proximal.detach()
+    advantages = advantages.detach()
+    raw_w, w, over = importance_weights(proximal, behaviour, cfg)
+    ratio = torch.exp(current - proximal)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high) * advantages
+    per_token = -w * torch.minimum(unclipped, clipped)
+    ref_kl_sum = 0.0
+    if reference is not None:
+        ref_kl = k3_kl(current, reference.detach())
+        ref_kl_sum = float(ref_kl.detach().sum())
+        if cfg.kl_coef > 0:
+            per_token = per_token + cfg.kl_coef * ref_kl
+    loss_sum = per_token.sum()
+    with torch.no_grad():
+        approx_kl = k3_kl(proximal, current.detach())
+        n = current.numel()
+        return LossTerms(
+            loss_sum=loss_sum,
+            tokens=float(n),
+            clipped=float((clipped < unclipped).sum()),
+            masked=float(over.sum()),
+            iw_sum=float(raw_w.sum()),
+            iw_max=float(raw_w.max()) if n else 0.0,
+            approx_kl_sum=float(approx_kl.sum()),
+            ref_kl_sum=ref_kl_sum,
+        )

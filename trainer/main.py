@@ -1,0 +1,58 @@
+"""Entry point of `liveloop train`: join the process group, serve metrics, run the loop.
+
+Runs as one process, or under `accelerate launch --num_processes N` (every rank runs this;
+rank 0 does the I/O and the others follow its broadcasts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from liveloop.config import LiveLoopSettings
+from trainer.dist import Comm
+from trainer.loop import Trainer
+from trainer.metrics import TrainerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGINT/SIGTERM call `stop` (a clean finish after the current update) while inside."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: stop())
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(settings: LiveLoopSettings) -> None:
+    """Train until stopped (or `trainer.max_updates`), publishing a version per batch."""
+    comm = Comm.from_environment(settings.trainer.device)
+    metrics = TrainerMetrics(CollectorRegistry())
+    server = None
+    if comm.is_main and settings.metrics_port is not None:
+        server, _thread = start_http_server(
+            settings.metrics_port, addr=settings.host, registry=metrics.registry
+        )
+        log.info("trainer metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+    trainer = Trainer(settings, metrics=metrics, comm=comm)
+    try:
+        with stop_on_signals(trainer.stop):
+            if comm.is_main:
+                asyncio.run(trainer.run())
+            else:
+                trainer.follow()
+    finally:
+        if server is not None:
+            server.shutdown()
+        comm.close()

@@ -1,0 +1,130 @@
+"""Where batches come from and where new versions go: `liveloop:batches` in, announcements out.
+
+`BatchSource` reads one batch at a time in consumer group `trainer` (inline samples, or the
+file a large batch refers to), and acknowledges it only after the update it fed has been
+checkpointed and announced. `Publisher` records versions in the registry and announces
+them on `liveloop:weights`, exactly once per (version, path).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis.asyncio as aredis
+from pydantic import ValidationError
+
+from liveloop import bus
+from liveloop.contracts import BatchSample, TrainingBatch, WeightsAnnouncement
+from liveloop.registry import Registry
+
+log = logging.getLogger(__name__)
+
+TRAINER_GROUP = "trainer"
+
+
+@dataclass
+class ReceivedBatch:
+    """A batch read from the stream, with its samples loaded."""
+
+    entry_id: str
+    batch: TrainingBatch
+    samples: list[BatchSample]
+    file: Path | None
+
+
+def load_batch_file(data_dir: Path, path: str) -> list[BatchSample]:
+    """Samples of a batch stored by reference (path relative to the data dir, or absolute)."""
+    full = Path(data_dir) / path
+    stored = TrainingBatch.model_validate_json(full.read_bytes())
+    return stored.samples or []
+
+
+class BatchSource:
+    """Reads `liveloop:batches` one entry at a time; bad entries end in the dead-letter stream."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        data_dir: Path,
+        *,
+        consumer: str | None = None,
+        claim_idle_ms: int = 600_000,
+        max_attempts: int = 3,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.consumer = bus.StreamConsumer(
+            client,
+            bus.BATCHES,
+            TRAINER_GROUP,
+            consumer,
+            claim_idle_ms=claim_idle_ms,
+            max_attempts=max_attempts,
+            count=1,
+        )
+
+    async def start(self) -> None:
+        """Create the consumer group if needed."""
+        await self.consumer.ensure_group()
+
+    async def next(self, block_ms: int) -> ReceivedBatch | None:
+        """The next readable batch, or None when nothing arrived within `block_ms`."""
+        for entry in await self.consumer.read(block_ms=block_ms):
+            file: Path | None = None
+            try:
+                batch = entry.parse(TrainingBatch)
+                if batch.samples is not None:
+                    samples = batch.samples
+                elif batch.path is not None:
+                    file = self.data_dir / batch.path
+                    samples = load_batch_file(self.data_dir, batch.path)
+                else:
+                    raise ValueError("batch has neither samples nor path")
+            except (ValidationError, ValueError, OSError) as exc:
+                await self.consumer.fail(entry, f"unreadable batch: {exc}")
+                continue
+            return ReceivedBatch(entry.id, batch, samples, file)
+        return None
+
+    async def done(self, item: ReceivedBatch) -> None:
+        """Acknowledge a batch whose effect is durable, and remove its file."""
+        await self.consumer.ack(item.entry_id)
+        if item.file is not None:
+            item.file.unlink(missing_ok=True)
+
+
+class Publisher:
+    """Records versions in the registry and announces them on `liveloop:weights`."""
+
+    def __init__(self, client: aredis.Redis, registry: Registry, run_id: int | None) -> None:
+        self.client = client
+        self.registry = registry
+        self.run_id = run_id
+
+    def record(
+        self, version: int, path: Path, parent: int | None, metrics: dict[str, float]
+    ) -> None:
+        """Add the version to the registry (a no-op if it is there already)."""
+        self.registry.add_model_version(version, str(path), parent, metrics, run_id=self.run_id)
+
+    async def announce(
+        self, version: int, path: Path, parent: int | None, metrics: dict[str, float]
+    ) -> bool:
+        """Announce on `liveloop:weights`; False when this (version, path) was announced before."""
+        payload = WeightsAnnouncement(
+            version=version, path=str(path), parent=parent, metrics=metrics
+        )
+        entry = await bus.publish(
+            self.client,
+            bus.WEIGHTS,
+            payload,
+            dedupe_key=f"v{version}:{path}",
+            version=version,
+        )
+        return entry is not None
+
+    def forget(self, versions: list[int]) -> None:
+        """Drop pruned versions from the registry (their checkpoints are gone)."""
+        for version in versions:
+            self.registry.delete_model_version(version)
