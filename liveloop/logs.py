@@ -14,7 +14,16 @@ def setup_logging(level: str = "INFO", process: str = "liveloop") -> None:
         format=f"%(asctime)s %(levelname)s [{process}] %(name)s: %(message)s",
         force=True,
     )
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "transformers", "uvicorn.access"):
+    for noisy in (
+        "httpx",
+        "httpx2",
+        "openai",
+        "httpcore",
+        "urllib3",
+        "filelock",
+        "transformers",
+        "uvicorn.access",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -56,15 +56,30 @@ def test_bad_checkpoints_are_refused_and_serving_goes_on(
         resp = httpx.post(server_url + "/admin/weights", json={"path": path}, headers=ADMIN)
         assert resp.status_code == 400, resp.text
         assert resp.json()["error"]["code"] == "invalid_checkpoint"
-    stale = httpx.post(
+    assert _weights(server_url)["version"] == before
+    reply = client.chat.completions.create(model="tiny-random", messages=HELLO, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_operator_can_roll_back_to_an_older_version(server_url: str, client: openai.OpenAI) -> None:
+    before = _weights(server_url)["version"]
+    ahead = httpx.post(
+        server_url + "/admin/weights",
+        json={"path": str(model_dir()), "version": before + 5},
+        headers=ADMIN,
+    )
+    assert ahead.status_code == 200, ahead.text
+    back = httpx.post(
         server_url + "/admin/weights",
         json={"path": str(model_dir()), "version": before},
         headers=ADMIN,
     )
-    assert stale.status_code == 400 and "not newer" in stale.json()["error"]["message"]
+    assert back.status_code == 200, back.text
     assert _weights(server_url)["version"] == before
-    reply = client.chat.completions.create(model="tiny-random", messages=HELLO, max_tokens=2)
-    assert reply.choices[0].finish_reason == "length"
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-random", messages=HELLO, max_tokens=2
+    )
+    assert raw.headers["x-policy-version"] == str(before)
 
 
 def test_capture_pause_and_resume(

@@ -42,7 +42,7 @@ async def load_weights(body: LoadWeightsRequest, request: Request) -> dict[str, 
     """Load a checkpoint and swap it in; a bad one is refused (400) and serving goes on."""
     state = get_state(request)
     try:
-        version = await state.follower.load(body.path, body.version)
+        version = await state.follower.load(body.path, body.version, allow_rollback=True)
     except CheckpointError as exc:
         raise APIError(
             400, f"checkpoint refused: {exc}", param="path", code="invalid_checkpoint"

@@ -127,13 +127,19 @@ class WeightFollower:
         if not task.cancelled() and task.exception() is not None:
             log.error("weight follower failed", exc_info=task.exception())
 
-    async def load(self, path: str, version: int | None = None) -> int:
-        """Load, validate and swap in a checkpoint; the new version, or CheckpointError."""
+    async def load(
+        self, path: str, version: int | None = None, *, allow_rollback: bool = False
+    ) -> int:
+        """Load, validate and swap in a checkpoint; the new version, or CheckpointError.
+
+        Announced versions must be newer than the serving one; an operator may roll back to
+        an older version explicitly (`allow_rollback`, used by POST /admin/weights).
+        """
         async with self._lock:
             current = self.current_version
             target = current + 1 if version is None else version
             try:
-                if target <= current:
+                if target <= current and not (allow_rollback and version is not None):
                     raise CheckpointError(
                         f"version {target} is not newer than the serving version {current}"
                     )
