@@ -85,8 +85,8 @@ def load_version(base_url: str, admin_key: str, path: str, version: int) -> None
 
 
 def held_out_reward(stats: UserStats) -> dict[str, Any]:
-    """Mean reward of held-out users: +1 for a satisfied reaction, -1 otherwise."""
-    scores = [1.0 if t.satisfied else -1.0 for t in stats.turns]
+    """Mean reward of held-out users, from their own ratings (+1 thanks, 0 lukewarm, -1 correction)."""
+    scores = [t.rating for t in stats.turns]
     words = [float(t.words) for t in stats.turns]
     return {
         "turns": len(scores),

@@ -32,6 +32,8 @@ APPROVALS = (
     "Great, that's exactly what I wanted.",
 )
 CORRECTIONS = ("Too long, please be brief.", "No, that's too long. Try again, shorter.")
+NEARLY = ("Hmm, a bit long.", "Okay, though a little shorter would be better.")
+NEARLY_MARGIN = 4  # words over the limit that still get a lukewarm rather than a negative reply
 TOOL_NUDGE = "No, that's wrong: please use the weather tool."
 
 WEATHER_TOOL: dict[str, Any] = {
@@ -59,8 +61,8 @@ class Preference(Protocol):
 
     name: str
 
-    def react(self, reply: dict[str, Any], rng: random.Random) -> tuple[str, bool]:
-        """The user's next message and whether they were satisfied (for the eval report)."""
+    def react(self, reply: dict[str, Any], rng: random.Random) -> tuple[str, float]:
+        """The user's next message and their own rating of the reply (+1, 0 or -1)."""
         ...
 
 
@@ -72,10 +74,13 @@ class MaxWords:
     name: str = "max_words"
 
     def react(self, reply: dict[str, Any], rng: random.Random) -> tuple[str, bool]:
-        """Thanks if short enough, else asks for brevity."""
-        if word_count(reply.get("content")) <= self.limit:
-            return rng.choice(APPROVALS), True
-        return rng.choice(CORRECTIONS), False
+        """Thanks if short enough, lukewarm if nearly, else asks for brevity."""
+        words = word_count(reply.get("content"))
+        if words <= self.limit:
+            return rng.choice(APPROVALS), 1.0
+        if words <= self.limit + NEARLY_MARGIN:
+            return rng.choice(NEARLY), 0.0
+        return rng.choice(CORRECTIONS), -1.0
 
 
 @dataclass
@@ -85,7 +90,7 @@ class ToolUser:
     limit: int
     name: str = "tool_user"
 
-    def react(self, reply: dict[str, Any], rng: random.Random) -> tuple[str, bool]:
+    def react(self, reply: dict[str, Any], rng: random.Random) -> tuple[str, float]:
         """After a tool result or a plain answer: judged by brevity, like MaxWords."""
         return MaxWords(self.limit).react(reply, rng)
 
@@ -110,7 +115,7 @@ class TurnLog:
     preference: str
     words: int
     tokens: int
-    satisfied: bool
+    rating: float
     version: int
     at: float
 
@@ -123,12 +128,12 @@ class UserStats:
     errors: int = 0
 
 
-def make_population(n: int, seed: int) -> list[Preference]:
-    """A mix of brevity-minded users (various limits) and some tool users."""
+def make_population(n: int, seed: int, limits: tuple[int, ...] = (8, 10, 12)) -> list[Preference]:
+    """A mix of brevity-minded users (word limits drawn from `limits`) and some tool users."""
     rng = random.Random(seed)
     people: list[Preference] = []
     for i in range(n):
-        limit = rng.choice((6, 8, 10))
+        limit = rng.choice(limits)
         people.append(ToolUser(limit) if i % 8 == 7 else MaxWords(limit))
     return people
 
@@ -206,7 +211,7 @@ class SimulatedUser:
                         {"role": "tool", "tool_call_id": call["id"], "content": run_tool(call)}
                     )
                 continue
-            reaction, ok = self.preference.react({"content": message.content}, self.rng)
+            reaction, rating = self.preference.react({"content": message.content}, self.rng)
             tokens = completion.usage.completion_tokens if completion.usage else 0
             stats.turns.append(
                 TurnLog(
@@ -214,7 +219,7 @@ class SimulatedUser:
                     self.preference.name,
                     word_count(message.content),
                     tokens,
-                    ok,
+                    rating,
                     version,
                     time.time(),
                 )
