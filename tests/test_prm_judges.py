@@ -78,10 +78,10 @@ async def test_rules_judge_steps_feedback_and_timeout() -> None:
     assert mixed.score == pytest.approx(-0.375)
     from_feedback = await judge.score(request_with(None, fb(0.4)))
     assert from_feedback is not None and from_feedback.score == 0.4
-    timed_out = await judge.score(request_with(None))
+    assert await judge.score(request_with(None)) is None  # silence: no opinion by default
+    settings = load_settings(prm={"rules": {"timeout_score": 0.0}})
+    timed_out = await RulesJudge(settings).score(request_with(None))
     assert timed_out is not None and timed_out.score == 0.0
-    settings = load_settings(prm={"rules": {"timeout_score": None}})
-    assert await RulesJudge(settings).score(request_with(None)) is None
 
 
 async def test_feedback_judge_is_decisive_only_with_feedback() -> None:

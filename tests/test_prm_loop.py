@@ -23,7 +23,12 @@ from prm.synthetic import conversation, make_turn, tool, user, write_turns
 
 
 def fast_settings(redis_url: str, **prm: Any) -> LiveLoopSettings:
-    base = {"next_state_timeout_s": 0.6, "claim_idle_ms": 100, "sweep_interval_s": 0.05}
+    base: dict[str, Any] = {
+        "next_state_timeout_s": 0.6,
+        "claim_idle_ms": 100,
+        "sweep_interval_s": 0.05,
+    }
+    base["rules"] = {"timeout_score": 0.0}  # score silence as neutral, to see timeouts scored
     base.update(prm)
     return load_settings(redis_url=redis_url, prm=base)
 

@@ -29,6 +29,7 @@ def judge_env(redis_url: str, **extra: str) -> dict[str, str]:
         LIVELOOP_LOG_LEVEL="WARNING",
         LIVELOOP_PRM__CLAIM_IDLE_MS="1000",
         LIVELOOP_PRM__NEXT_STATE_TIMEOUT_S="1.5",
+        LIVELOOP_PRM__RULES__TIMEOUT_SCORE="0.0",
     )
     env.update(extra)
     return env

@@ -53,7 +53,7 @@ def test_replay_rescoring_into_separate_stream(
         redis_url, [*a, side, *b], [Feedback(session_id="b", turn_index=0, score=0.25, tenant="t")]
     )
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    settings = load_settings(redis_url=redis_url)
+    settings = load_settings(redis_url=redis_url, prm={"rules": {"timeout_score": 0.0}})
 
     run(settings, replay=ReplayOptions(judges=["rules"], from_id="-", to_stream="replay-rules"))
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -77,10 +77,10 @@ class RulesJudgeConfig(Section):
         0.0, ge=-1, le=1, description="Score of a user reply that matches no pattern."
     )
     timeout_score: float | None = Field(
-        0.0,
+        None,
         ge=-1,
         le=1,
-        description="Score of a turn with no next state before the timeout; unset = no opinion.",
+        description="Score of a turn with no next state before the timeout; unset = no opinion (silence is not evidence, so by default such turns pass on unscored and are counted).",
     )
 
     _check = field_validator("correction_patterns", "approval_patterns", "tool_error_patterns")(

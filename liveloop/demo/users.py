@@ -73,7 +73,7 @@ class MaxWords:
     limit: int
     name: str = "max_words"
 
-    def react(self, reply: dict[str, Any], rng: random.Random) -> tuple[str, bool]:
+    def react(self, reply: dict[str, Any], rng: random.Random) -> tuple[str, float]:
         """Thanks if short enough, lukewarm if nearly, else asks for brevity."""
         words = word_count(reply.get("content"))
         if words <= self.limit:
