@@ -136,7 +136,7 @@ class TorchEngine:
             self._thread.start()
 
     async def stop(self) -> None:
-        """Stop the decode thread; requests and swaps still pending fail with EngineError."""
+        """Stop the decode thread; requests still pending fail with EngineError."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -145,14 +145,12 @@ class TorchEngine:
             await asyncio.to_thread(thread.join)
         with self._cond:
             pending = [*self._running, *self._waiting]
-            swaps, self._swaps = self._swaps, []
             self._running, self._waiting = [], deque()
             self._thread = None
         self._cache.clear()
         self._staging = None
         self._deliver([(r, EngineError("engine stopped")) for r in pending])
-        for swap in swaps:
-            swap.loop.call_soon_threadsafe(settle, swap.future, EngineError("engine stopped"))
+        await asyncio.to_thread(self._apply_swaps)  # validated swaps that raced with stop()
 
     # ----------------------------------------------------------------- requests
     def generate(
@@ -160,8 +158,10 @@ class TorchEngine:
     ) -> AsyncIterator[TokenOutput]:
         """Stream a completion's tokens; the request joins the batch when iteration starts.
 
-        Raises ContextLengthError / InvalidRequestError / EngineError at once. Leaving the
-        iteration early (break, aclose, task cancelled) removes the request from the batch.
+        Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
+        iterator early (`aclose()`, `contextlib.aclosing`, the consuming task cancelled)
+        removes the request from the batch at once; a plain `break` leaves that to garbage
+        collection (asyncio then closes the iterator soon after).
         """
         prompt = [int(t) for t in prompt_token_ids]
         self._check_request(prompt, params)
@@ -244,11 +244,11 @@ class TorchEngine:
         loop = asyncio.get_running_loop()
         swap = Swap(state_dict, version, loop, loop.create_future())
         with self._cond:
-            queued = self.is_running
+            queued = self._thread is not None
             if queued:
                 self._swaps.append(swap)
                 self._cond.notify()
-        if not queued:  # no decode loop to pause: apply at once, off the event loop
+        if not queued:  # no decode thread to pause: apply at once, off the event loop
             return await asyncio.to_thread(self._apply_swap, swap)
         return await swap.future
 
