@@ -4,8 +4,9 @@ Why: the engine exists to serve many agents at once on modest hardware; this mea
 generated tokens per second at 1, 4 and 16 concurrent requests, with the same engine
 batching (max_batch_size=16) or serving one request at a time (max_batch_size=1, the
 others wait FIFO). Prompts are fixed chat prompts of varied length and `ignore_eos` fixes
-the completion lengths, so both modes do the same work. Prints one JSON object to stdout;
-progress goes to stderr. Wall time includes prefill.
+the completion lengths, so both modes do the same work; the prefix cache is emptied before
+each run, so only the chat template's shared system prompt is reused within a run. Prints
+one JSON object to stdout; progress goes to stderr. Wall time includes prefill.
 
     python bench/engine.py --models tiny-random smollm2-135m --max-tokens 64
 """
@@ -72,6 +73,7 @@ async def run_batch(engine: TorchEngine, prompts: list[list[int]], max_tokens: i
     async def one(prompt: list[int]) -> int:
         return sum([1 async for _ in engine.generate(prompt, params)])
 
+    engine.clear_prefix_cache()  # only prefixes shared within the run may be reused
     before = engine.stats
     started = time.perf_counter()
     counts = await asyncio.gather(*(one(p) for p in prompts))

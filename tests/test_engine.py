@@ -388,3 +388,37 @@ async def test_internal_failure_fails_batch_and_engine_recovers(
             pass
     monkeypatch.undo()
     assert len(await collect(engine, PROMPTS[1], greedy(4))) == 4
+
+
+async def test_prefix_cache_reuses_shared_prefix_and_multi_turn(
+    engine: TorchEngine, tiny: LoadedModel
+) -> None:
+    system = [1, *range(600, 640)]
+    first = await collect(engine, [*system, 7, 8, 9], greedy(10))
+    hits = engine.stats.prefix_hit_tokens
+    other = await collect(engine, [*system, 11, 12], greedy(10))
+    assert engine.stats.prefix_hit_tokens - hits == len(system)
+    assert_matches_forward(tiny.model, [*system, 11, 12], other)
+    # Next turn of the first conversation: prompt + completion + new message.
+    turn2 = [*system, 7, 8, 9, *[t.token_id for t in first], 13, 14]
+    hits = engine.stats.prefix_hit_tokens
+    out = await collect(engine, turn2, SamplingParams(max_tokens=10, seed=2, top_logprobs=3))
+    assert engine.stats.prefix_hit_tokens - hits == len(system) + 3 + len(first) - 1
+    assert_matches_forward(tiny.model, turn2, out)
+
+
+async def test_prefix_cache_cleared_by_swap(model_copy: PreTrainedModel, tiny: LoadedModel) -> None:
+    eng = TorchEngine(model_copy, tiny.tokenizer)
+    await eng.start()
+    try:
+        await collect(eng, PROMPTS[3], greedy(3))
+        await eng.swap_weights(perturbed(model_copy), version=1)
+        hits = eng.stats.prefix_hit_tokens
+        out = await collect(eng, PROMPTS[3], greedy(5))
+        assert eng.stats.prefix_hit_tokens == hits
+        assert_matches_forward(model_copy, PROMPTS[3], out)
+        again = await collect(eng, PROMPTS[3], greedy(5))
+        assert eng.stats.prefix_hit_tokens - hits == len(PROMPTS[3]) - 1
+        assert [t.token_id for t in again] == [t.token_id for t in out]
+    finally:
+        await eng.stop()

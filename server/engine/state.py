@@ -33,6 +33,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     done: bool = False
+    kv_epoch: int = -1  # the engine's swap count when this request's prefill began
 
 
 @dataclass(eq=False)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from server.engine.forward import LlamaRunner, Prefill
+from server.engine.prefix_cache import PrefixCache
 from server.engine.sampling import Sampled, find_stop_string, sample_batch
 from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all, settle
 from server.engine.types import (
@@ -53,6 +54,7 @@ class TorchEngine:
         device: str = "cpu",
         version: int = 0,
         prefill_chunk_tokens: int = 512,
+        prefix_cache_tokens: int = 8192,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -71,6 +73,8 @@ class TorchEngine:
         self._prefill_chunk = max(1, prefill_chunk_tokens)
         self._staging: tuple[Request, Prefill] | None = None
         self._stats = EngineStats()
+        self._prefix = PrefixCache(prefix_cache_tokens)
+        self._swap_count = 0
         self._max_model_len = max_model_len or default_max_len(model)
         self._version = version
         self._cache = self._runner.new_cache(max_batch_size, self._max_model_len)
@@ -233,6 +237,10 @@ class TorchEngine:
                 self._waiting.remove(req)
             self._cond.notify()
 
+    def clear_prefix_cache(self) -> None:
+        """Forget all cached prompt keys/values (benchmarks; freeing memory)."""
+        self._prefix.clear()
+
     # ----------------------------------------------------------------- weights
     def validate_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Check names, shapes, dtypes and finiteness; raise WeightValidationError if bad."""
@@ -258,6 +266,8 @@ class TorchEngine:
         if self._runner.device.type == "cuda":
             torch.cuda.synchronize(self._runner.device)
         self._version = swap.version
+        self._swap_count += 1
+        self._prefix.clear()
         pause = time.perf_counter() - started
         self._stats.weight_swaps += 1
         self._stats.swap_pause_seconds += pause
@@ -317,7 +327,7 @@ class TorchEngine:
             if req is None:
                 return
             if self._staging is None or self._staging[0] is not req:
-                self._staging = (req, self._runner.start_prefill(req.prompt))
+                self._staging = (req, self._start_prefill(req))
             state = self._staging[1]
             take = min(budget, state.remaining)
             budget -= take
@@ -328,6 +338,8 @@ class TorchEngine:
             if logits is None:
                 return
             self._staging = None
+            if req.kv_epoch == self._swap_count:  # no swap during the prefill
+                self._prefix.insert(req.prompt, state.keys, state.values)
             with self._cond:
                 if req.cancelled:  # _cancel already took it out of the queue
                     continue
@@ -336,11 +348,28 @@ class TorchEngine:
             self._runner.join(self._cache, state)
             self._process([req], logits[None])
 
+    def _start_prefill(self, req: Request) -> Prefill:
+        state = self._runner.start_prefill(req.prompt)
+        req.kv_epoch = self._swap_count
+        self._stats.prefix_hit_tokens += self._prefix.seed(state)
+        return state
+
+    def _remember(self, req: Request, row: int) -> None:
+        """Offer a finished request's prompt + completion keys/values to the prefix cache."""
+        tokens = req.prompt + req.output[:-1]
+        if (
+            self._prefix.max_tokens >= len(tokens) > len(req.prompt)
+            and req.kv_epoch == self._swap_count
+            and self._cache.lengths[row] == len(tokens)
+        ):
+            self._prefix.insert(tokens, *self._cache.row_copy(row))
+
     def _reap(self) -> None:
         """Remove finished and cancelled rows (the last row moves into each hole)."""
         for i in reversed(range(len(self._running))):
             req = self._running[i]
             if req.done or req.cancelled:
+                self._remember(req, i)
                 self._cache.remove_row(i)
                 with self._cond:
                     self._running[i] = self._running[-1]

@@ -72,6 +72,7 @@ class EngineStats:
     decode_seconds: float = 0.0  # forward + sampling of the decode steps
     weight_swaps: int = 0
     swap_pause_seconds: float = 0.0
+    prefix_hit_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
 
 
 class EngineError(RuntimeError):
