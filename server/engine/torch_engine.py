@@ -2,10 +2,14 @@
 
 Why it exists: `liveloop up` must serve (and hot-swap) a model with no external inference
 server. A dedicated decode thread owns the model and a batched KV cache; each iteration it
-applies pending weight swaps, drops finished or cancelled requests, prefills joiners (FIFO,
-up to `max_batch_size` running) and runs one decode step for the whole batch. Tokens go
-back to each request's asyncio queue on its own event loop, so the event loop never waits
-on torch.
+applies pending weight swaps, drops finished or cancelled requests, prefills the oldest
+waiting request (in chunks of `prefill_chunk_tokens`, after seeding it from the prefix
+cache) and, once prefilled, lets it join the batch (up to `max_batch_size` running), then
+runs one decode step for the whole batch. Tokens go back to each request's asyncio queue
+on its own event loop, so the event loop never waits on torch.
+
+The decode thread uses torch's process-wide intra-op thread count (`torch.set_num_threads`);
+on a small machine shared with other processes, 1 thread is often much faster than 2.
 """
 
 from __future__ import annotations
@@ -42,7 +46,11 @@ MAX_TOP_LOGPROBS = 20
 
 
 class TorchEngine:
-    """Continuous-batching generation with per-token log-probs and live weight swaps."""
+    """Continuous-batching generation with per-token log-probs and live weight swaps.
+
+    `prefill_chunk_tokens` bounds the prompt tokens run per iteration (how long a joiner
+    stalls the running requests); `prefix_cache_tokens` bounds the prefix cache (0 = off).
+    """
 
     def __init__(
         self,
