@@ -30,19 +30,24 @@ from torch import nn
 
 from server.engine.forward import LlamaRunner, Prefill
 from server.engine.prefix_cache import PrefixCache
-from server.engine.sampling import Sampled, find_stop_string, sample_batch
-from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all, settle
+from server.engine.sampling import Sampled, sample_batch
+from server.engine.state import (
+    Request,
+    Swap,
+    check_request,
+    default_max_len,
+    deliver,
+    eos_ids,
+    finish_reason,
+    settle,
+)
 from server.engine.types import (
-    ContextLengthError,
     EngineError,
     EngineStats,
-    InvalidRequestError,
     SamplingParams,
     TokenOutput,
 )
 from server.engine.weights import WeightSpec
-
-MAX_TOP_LOGPROBS = 20
 
 
 class TorchEngine:
@@ -161,7 +166,7 @@ class TorchEngine:
             self._thread = None
         self._cache.clear()
         self._staging = None
-        self._deliver([(r, EngineError("engine stopped")) for r in pending])
+        deliver([(r, EngineError("engine stopped")) for r in pending])
         await asyncio.to_thread(self._apply_swaps)  # validated swaps that raced with stop()
 
     # ----------------------------------------------------------------- requests
@@ -176,32 +181,10 @@ class TorchEngine:
         collection (asyncio then closes the iterator soon after).
         """
         prompt = [int(t) for t in prompt_token_ids]
-        self._check_request(prompt, params)
+        check_request(prompt, params, self.vocab_size, self._max_model_len)
         if not self.is_running:
             raise EngineError("engine is not running")
         return self._stream(prompt, params, request_id or uuid.uuid4().hex)
-
-    def _check_request(self, prompt: list[int], params: SamplingParams) -> None:
-        if not prompt:
-            raise InvalidRequestError("prompt is empty")
-        if len(prompt) + 1 > self._max_model_len:
-            raise ContextLengthError(
-                f"prompt has {len(prompt)} tokens; max_model_len {self._max_model_len} "
-                "leaves no room for a completion"
-            )
-        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"token id {bad} outside the vocabulary (0..{self.vocab_size - 1})"
-            )
-        if params.max_tokens < 1:
-            raise InvalidRequestError("max_tokens must be at least 1")
-        if not params.temperature >= 0 or params.temperature == float("inf"):
-            raise InvalidRequestError("temperature must be a finite number >= 0")
-        if not 0 < params.top_p <= 1:
-            raise InvalidRequestError("top_p must be in (0, 1]")
-        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
 
     async def _stream(
         self, prompt: list[int], params: SamplingParams, request_id: str
@@ -394,7 +377,7 @@ class TorchEngine:
         self._cache.clear()
         for req in failed:
             req.done = True
-        self._deliver([(r, EngineError(str(error))) for r in failed])
+        deliver([(r, EngineError(str(error))) for r in failed])
 
     def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample each row, record the token, decide whether it ends, hand it out."""
@@ -411,7 +394,7 @@ class TorchEngine:
             except Exception as exc:
                 req.done = True
                 out.append((req, EngineError(f"sampling failed: {exc}")))
-        self._deliver(out)
+        deliver(out)
         self._reap()
 
     def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:
@@ -420,36 +403,8 @@ class TorchEngine:
         params = req.params
         if params.constraint is not None:
             params.constraint.accept_token(token)
-        finish, stop_string = self._finish_reason(req, token)
+        finish, stop_string = finish_reason(req, token, self._stop_tokenizer)
         req.done = finish is not None
         return TokenOutput(
             token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
         )
-
-    def _finish_reason(self, req: Request, token: int) -> tuple[str | None, str | None]:
-        """("stop" | "length" | None, the stop string that matched) after `token`."""
-        params = req.params
-        if token in req.stop_ids:
-            return "stop", None
-        if params.constraint is not None and params.constraint.is_terminated():
-            return "stop", None
-        if params.stop:
-            matched = find_stop_string(self._stop_tokenizer, req.output, params.stop)
-            if matched is not None:
-                return "stop", matched
-        if len(req.output) >= req.max_new:
-            return "length", None
-        return None, None
-
-    def _deliver(self, items: list[tuple[Request, TokenOutput | Exception]]) -> None:
-        """Hand items to their consumers' event loops, one callback per loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        for req, item in items:
-            by_loop.setdefault(req.loop, []).append((req.queue, item))
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(put_all, batch)
-            except RuntimeError:  # the consumer's loop is closed: nobody is listening
-                for req, _ in items:
-                    if req.loop is loop:
-                        req.cancelled = True
