@@ -8,6 +8,10 @@ the completion lengths, so both modes do the same work; the prefix cache is empt
 each run, so only the chat template's shared system prompt is reused within a run. Prints
 one JSON object to stdout; progress goes to stderr. Wall time includes prefill.
 
+On a machine shared with other processes wall-clock rates swing widely; with `--threads 1`
+all compute runs in the decode thread, so `tok_per_decode_thread_cpu_s` (tokens per CPU
+second of that thread) is a contention-robust view of the same comparison.
+
     python bench/engine.py --models tiny-random smollm2-135m --max-tokens 64
 """
 
@@ -64,6 +68,7 @@ class Run:
     decode_tok_s: float
     prefill_s: float
     decode_s: float
+    tok_per_cpu_s: float
 
 
 async def run_batch(engine: TorchEngine, prompts: list[list[int]], max_tokens: int) -> Run:
@@ -85,6 +90,7 @@ async def run_batch(engine: TorchEngine, prompts: list[list[int]], max_tokens: i
         decode_tok_s=(after.decode_tokens - before.decode_tokens) / max(decode_s, 1e-9),
         prefill_s=after.prefill_seconds - before.prefill_seconds,
         decode_s=decode_s,
+        tok_per_cpu_s=sum(counts) / max(after.busy_cpu_seconds - before.busy_cpu_seconds, 1e-9),
     )
 
 
@@ -102,6 +108,10 @@ def summarize(runs: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
     }
     out["decode_only_tok_s"] = {
         m: {lvl: round(b.decode_tok_s, 2) for lvl, b in v.items()} for m, v in best.items()
+    }
+    out["tok_per_decode_thread_cpu_s"] = {
+        m: {lvl: round(max(x.tok_per_cpu_s for x in r), 2) for lvl, r in v.items()}
+        for m, v in runs.items()
     }
     out["prefill_share_of_busy_time"] = {
         m: {

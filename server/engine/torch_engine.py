@@ -281,11 +281,13 @@ class TorchEngine:
     def _run(self) -> None:
         with torch.inference_mode():
             while self._wait_for_work():
+                cpu = time.thread_time()
                 try:
                     self._iteration()
                 except Exception as exc:
                     self._log.exception("torch engine decode iteration failed")
                     self._fail_running(EngineError(f"generation failed: {exc}"))
+                self._stats.busy_cpu_seconds += time.thread_time() - cpu
 
     def _wait_for_work(self) -> bool:
         with self._cond:
