@@ -146,10 +146,26 @@ async def bench_model(
                 run = await run_batch(engine, prompts[:level], max_tokens)
                 runs[mode][str(level)].append(run)
                 print(f"{name} {mode} x{level}: {run}", file=sys.stderr)
+    pause = await swap_pause(engines["batched"], prompts[:4], loaded)
     for engine in engines.values():
         await engine.stop()
     lengths = [len(p) for p in prompts]
-    return {**summarize(runs), "prompt_tokens": {"min": min(lengths), "max": max(lengths)}}
+    return {
+        **summarize(runs),
+        "prompt_tokens": {"min": min(lengths), "max": max(lengths)},
+        "swap_pause_s": round(pause, 4),
+    }
+
+
+async def swap_pause(engine: TorchEngine, prompts: list[list[int]], loaded: LoadedModel) -> float:
+    """Decode-loop pause of a weight swap (the same weights, copied) under 4 live requests."""
+    state_dict = {k: v.clone() for k, v in loaded.model.state_dict().items()}
+    task = asyncio.ensure_future(run_batch(engine, prompts, 32))
+    while engine.num_running < len(prompts):
+        await asyncio.sleep(0.01)
+    pause = await engine.swap_weights(state_dict, version=engine.version + 1)
+    await task
+    return pause
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

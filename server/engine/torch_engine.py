@@ -15,6 +15,7 @@ on a small machine shared with other processes, 1 thread is often much faster th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -275,7 +276,8 @@ class TorchEngine:
                 result = EngineError(
                     f"applying weights failed (model may be partly updated): {exc}"
                 )
-            swap.loop.call_soon_threadsafe(settle, swap.future, result)
+            with contextlib.suppress(RuntimeError):  # the swapper's event loop is gone
+                swap.loop.call_soon_threadsafe(settle, swap.future, result)
 
     # ----------------------------------------------------------------- decode thread
     def _run(self) -> None:
