@@ -106,7 +106,7 @@ async def test_logprobs_match_forward_with_batching_and_mid_flight_join(
         asyncio.create_task(collect(engine, p, greedy(40) if i % 2 else sampled))
         for i, p in enumerate(PROMPTS[:3])
     ]
-    while engine.num_running < 4:
+    while engine.num_running < 2 or engine.num_waiting:  # all three admitted
         await asyncio.sleep(0.001)
     joiner = await collect(engine, PROMPTS[3], SamplingParams(max_tokens=20, top_p=0.9, seed=1))
     assert engine.num_running >= 1  # the long request was running throughout
@@ -119,10 +119,14 @@ async def test_logprobs_match_forward_with_batching_and_mid_flight_join(
 
 async def test_greedy_alone_equals_batched(engine: TorchEngine) -> None:
     alone = await collect(engine, PROMPTS[1], greedy(20))
-    others = [asyncio.create_task(collect(engine, p, greedy(25))) for p in (PROMPTS[0], PROMPTS[3])]
-    await asyncio.sleep(0.005)
+    engine.clear_prefix_cache()
+    others = [engine.generate(p, greedy(LONG)) for p in (PROMPTS[0], PROMPTS[3])]
+    for gen in others:
+        await anext(gen)
     batched = await collect(engine, PROMPTS[1], greedy(20))
-    await asyncio.gather(*others)
+    assert engine.num_running == 2
+    for gen in others:
+        await gen.aclose()
     assert [t.token_id for t in alone] == [t.token_id for t in batched]
 
 
