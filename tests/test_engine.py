@@ -204,7 +204,7 @@ async def test_top_p(engine: TorchEngine, tiny: LoadedModel) -> None:
 
 async def test_stop_strings(engine: TorchEngine, tiny: LoadedModel) -> None:
     full = [t.token_id for t in await collect(engine, PROMPTS[1], greedy(20))]
-    text = tiny.tokenizer.decode(full[6:8], skip_special_tokens=True)
+    text = str(tiny.tokenizer.decode(full[6:8], skip_special_tokens=True))
     stop = text.strip()[:3] or text
     first = next(
         k for k in range(1, 21) if stop in tiny.tokenizer.decode(full[:k], skip_special_tokens=True)

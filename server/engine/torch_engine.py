@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import torch
@@ -173,7 +173,7 @@ class TorchEngine:
     # ----------------------------------------------------------------- requests
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[TokenOutput]:
+    ) -> AsyncGenerator[TokenOutput, None]:
         """Stream a completion's tokens; the request joins the batch when iteration starts.
 
         Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
@@ -189,7 +189,7 @@ class TorchEngine:
 
     async def _stream(
         self, prompt: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[TokenOutput]:
+    ) -> AsyncGenerator[TokenOutput, None]:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self._runner.device)
