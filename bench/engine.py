@@ -4,8 +4,13 @@ Why: the engine exists to serve many agents at once on modest hardware; this mea
 generated tokens per second at 1, 4 and 16 concurrent requests, with the same engine
 batching (max_batch_size=16) or serving one request at a time (max_batch_size=1, the
 others wait FIFO). Prompts are fixed chat prompts of varied length and `ignore_eos` fixes
-the completion lengths, so both modes do the same work. Prints one JSON object to stdout;
-progress goes to stderr. Wall time includes prefill.
+the completion lengths, so both modes do the same work; the prefix cache is emptied before
+each run, so only the chat template's shared system prompt is reused within a run. Prints
+one JSON object to stdout; progress goes to stderr. Wall time includes prefill.
+
+On a machine shared with other processes wall-clock rates swing widely; with `--threads 1`
+all compute runs in the decode thread, so `tok_per_decode_thread_cpu_s` (tokens per CPU
+second of that thread) is a contention-robust view of the same comparison.
 
     python bench/engine.py --models tiny-random smollm2-135m --max-tokens 64
 """
@@ -63,6 +68,7 @@ class Run:
     decode_tok_s: float
     prefill_s: float
     decode_s: float
+    tok_per_cpu_s: float
 
 
 async def run_batch(engine: TorchEngine, prompts: list[list[int]], max_tokens: int) -> Run:
@@ -72,6 +78,7 @@ async def run_batch(engine: TorchEngine, prompts: list[list[int]], max_tokens: i
     async def one(prompt: list[int]) -> int:
         return sum([1 async for _ in engine.generate(prompt, params)])
 
+    engine.clear_prefix_cache()  # only prefixes shared within the run may be reused
     before = engine.stats
     started = time.perf_counter()
     counts = await asyncio.gather(*(one(p) for p in prompts))
@@ -83,6 +90,7 @@ async def run_batch(engine: TorchEngine, prompts: list[list[int]], max_tokens: i
         decode_tok_s=(after.decode_tokens - before.decode_tokens) / max(decode_s, 1e-9),
         prefill_s=after.prefill_seconds - before.prefill_seconds,
         decode_s=decode_s,
+        tok_per_cpu_s=sum(counts) / max(after.busy_cpu_seconds - before.busy_cpu_seconds, 1e-9),
     )
 
 
@@ -100,6 +108,10 @@ def summarize(runs: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
     }
     out["decode_only_tok_s"] = {
         m: {lvl: round(b.decode_tok_s, 2) for lvl, b in v.items()} for m, v in best.items()
+    }
+    out["tok_per_decode_thread_cpu_s"] = {
+        m: {lvl: round(max(x.tok_per_cpu_s for x in r), 2) for lvl, r in v.items()}
+        for m, v in runs.items()
     }
     out["prefill_share_of_busy_time"] = {
         m: {
@@ -134,10 +146,26 @@ async def bench_model(
                 run = await run_batch(engine, prompts[:level], max_tokens)
                 runs[mode][str(level)].append(run)
                 print(f"{name} {mode} x{level}: {run}", file=sys.stderr)
+    pause = await swap_pause(engines["batched"], prompts[:4], loaded)
     for engine in engines.values():
         await engine.stop()
     lengths = [len(p) for p in prompts]
-    return {**summarize(runs), "prompt_tokens": {"min": min(lengths), "max": max(lengths)}}
+    return {
+        **summarize(runs),
+        "prompt_tokens": {"min": min(lengths), "max": max(lengths)},
+        "swap_pause_s": round(pause, 4),
+    }
+
+
+async def swap_pause(engine: TorchEngine, prompts: list[list[int]], loaded: LoadedModel) -> float:
+    """Decode-loop pause of a weight swap (the same weights, copied) under 4 live requests."""
+    state_dict = {k: v.clone() for k, v in loaded.model.state_dict().items()}
+    task = asyncio.ensure_future(run_batch(engine, prompts, 32))
+    while engine.num_running < len(prompts):
+        await asyncio.sleep(0.01)
+    pause = await engine.swap_weights(state_dict, version=engine.version + 1)
+    await task
+    return pause
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -159,7 +187,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's own); 1 is fastest on a shared small VM",
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(json.dumps(asyncio.run(main_async(args))))
 
 

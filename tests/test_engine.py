@@ -106,7 +106,7 @@ async def test_logprobs_match_forward_with_batching_and_mid_flight_join(
         asyncio.create_task(collect(engine, p, greedy(40) if i % 2 else sampled))
         for i, p in enumerate(PROMPTS[:3])
     ]
-    while engine.num_running < 4:
+    while engine.num_running < 2 or engine.num_waiting:  # all three admitted
         await asyncio.sleep(0.001)
     joiner = await collect(engine, PROMPTS[3], SamplingParams(max_tokens=20, top_p=0.9, seed=1))
     assert engine.num_running >= 1  # the long request was running throughout
@@ -119,10 +119,14 @@ async def test_logprobs_match_forward_with_batching_and_mid_flight_join(
 
 async def test_greedy_alone_equals_batched(engine: TorchEngine) -> None:
     alone = await collect(engine, PROMPTS[1], greedy(20))
-    others = [asyncio.create_task(collect(engine, p, greedy(25))) for p in (PROMPTS[0], PROMPTS[3])]
-    await asyncio.sleep(0.005)
+    engine.clear_prefix_cache()
+    others = [engine.generate(p, greedy(LONG)) for p in (PROMPTS[0], PROMPTS[3])]
+    for gen in others:
+        await anext(gen)
     batched = await collect(engine, PROMPTS[1], greedy(20))
-    await asyncio.gather(*others)
+    assert engine.num_running == 2
+    for gen in others:
+        await gen.aclose()
     assert [t.token_id for t in alone] == [t.token_id for t in batched]
 
 
@@ -200,7 +204,7 @@ async def test_top_p(engine: TorchEngine, tiny: LoadedModel) -> None:
 
 async def test_stop_strings(engine: TorchEngine, tiny: LoadedModel) -> None:
     full = [t.token_id for t in await collect(engine, PROMPTS[1], greedy(20))]
-    text = tiny.tokenizer.decode(full[6:8], skip_special_tokens=True)
+    text = str(tiny.tokenizer.decode(full[6:8], skip_special_tokens=True))
     stop = text.strip()[:3] or text
     first = next(
         k for k in range(1, 21) if stop in tiny.tokenizer.decode(full[:k], skip_special_tokens=True)
@@ -388,3 +392,37 @@ async def test_internal_failure_fails_batch_and_engine_recovers(
             pass
     monkeypatch.undo()
     assert len(await collect(engine, PROMPTS[1], greedy(4))) == 4
+
+
+async def test_prefix_cache_reuses_shared_prefix_and_multi_turn(
+    engine: TorchEngine, tiny: LoadedModel
+) -> None:
+    system = [1, *range(600, 640)]
+    first = await collect(engine, [*system, 7, 8, 9], greedy(10))
+    hits = engine.stats.prefix_hit_tokens
+    other = await collect(engine, [*system, 11, 12], greedy(10))
+    assert engine.stats.prefix_hit_tokens - hits == len(system)
+    assert_matches_forward(tiny.model, [*system, 11, 12], other)
+    # Next turn of the first conversation: prompt + completion + new message.
+    turn2 = [*system, 7, 8, 9, *[t.token_id for t in first], 13, 14]
+    hits = engine.stats.prefix_hit_tokens
+    out = await collect(engine, turn2, SamplingParams(max_tokens=10, seed=2, top_logprobs=3))
+    assert engine.stats.prefix_hit_tokens - hits == len(system) + 3 + len(first) - 1
+    assert_matches_forward(tiny.model, turn2, out)
+
+
+async def test_prefix_cache_cleared_by_swap(model_copy: PreTrainedModel, tiny: LoadedModel) -> None:
+    eng = TorchEngine(model_copy, tiny.tokenizer)
+    await eng.start()
+    try:
+        await collect(eng, PROMPTS[3], greedy(3))
+        await eng.swap_weights(perturbed(model_copy), version=1)
+        hits = eng.stats.prefix_hit_tokens
+        out = await collect(eng, PROMPTS[3], greedy(5))
+        assert eng.stats.prefix_hit_tokens == hits
+        assert_matches_forward(model_copy, PROMPTS[3], out)
+        again = await collect(eng, PROMPTS[3], greedy(5))
+        assert eng.stats.prefix_hit_tokens - hits == len(PROMPTS[3]) - 1
+        assert [t.token_id for t in again] == [t.token_id for t in out]
+    finally:
+        await eng.stop()

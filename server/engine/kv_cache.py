@@ -108,6 +108,12 @@ class BatchKVCache:
         self.end += 1
         self.lengths = [n + 1 for n in self.lengths]
 
+    def row_copy(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of one row's cached keys and values, `[1, kv_heads, length, head_dim]`."""
+        cols = slice(self.end - self.lengths[row], self.end)
+        keys = [k[row : row + 1, :, cols].clone() for k in self.keys]
+        return keys, [v[row : row + 1, :, cols].clone() for v in self.values]
+
     def remove_row(self, row: int) -> None:
         """Drop a row; the last row moves into its place (callers mirror that move)."""
         last = self.rows - 1

@@ -1,4 +1,4 @@
-"""State shared between a request's consumer (its event loop) and the decode thread.
+"""Requests as the engine holds them: validation, and the state shared across threads.
 
 Kept apart from the engine so that `torch_engine.py` reads as the decode loop itself: these
 are the plain records the two sides exchange and the small helpers that hand results
@@ -15,7 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from server.engine.types import SamplingParams, TokenOutput
+from server.engine.sampling import find_stop_string
+from server.engine.types import (
+    ContextLengthError,
+    InvalidRequestError,
+    SamplingParams,
+    TokenOutput,
+)
+
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(eq=False)
@@ -33,6 +41,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     done: bool = False
+    kv_epoch: int = -1  # the engine's swap count when this request's prefill began
 
 
 @dataclass(eq=False)
@@ -86,3 +95,57 @@ def default_max_len(model: nn.Module) -> int:
     if isinstance(window, int) and window > 0 and getattr(config, "use_sliding_window", True):
         limit = min(limit, window)  # within the window, full attention is exact
     return limit
+
+
+def check_request(
+    prompt: list[int], params: SamplingParams, vocab_size: int, max_model_len: int
+) -> None:
+    """Raise ContextLengthError / InvalidRequestError for a request the engine cannot serve."""
+    if not prompt:
+        raise InvalidRequestError("prompt is empty")
+    if len(prompt) + 1 > max_model_len:
+        raise ContextLengthError(
+            f"prompt has {len(prompt)} tokens; max_model_len {max_model_len} "
+            "leaves no room for a completion"
+        )
+    bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"token id {bad} outside the vocabulary (0..{vocab_size - 1})")
+    if params.max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be at least 1")
+    if not params.temperature >= 0 or params.temperature == float("inf"):
+        raise InvalidRequestError("temperature must be a finite number >= 0")
+    if not 0 < params.top_p <= 1:
+        raise InvalidRequestError("top_p must be in (0, 1]")
+    if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+
+
+def finish_reason(req: Request, token: int, tokenizer: Any) -> tuple[str | None, str | None]:
+    """("stop" | "length" | None, the stop string that matched) after `token`."""
+    params = req.params
+    if token in req.stop_ids:
+        return "stop", None
+    if params.constraint is not None and params.constraint.is_terminated():
+        return "stop", None
+    if params.stop:
+        matched = find_stop_string(tokenizer, req.output, params.stop)
+        if matched is not None:
+            return "stop", matched
+    if len(req.output) >= req.max_new:
+        return "length", None
+    return None, None
+
+
+def deliver(items: list[tuple[Request, TokenOutput | Exception]]) -> None:
+    """Hand items to their consumers' event loops, one callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+    for req, item in items:
+        by_loop.setdefault(req.loop, []).append((req.queue, item))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(put_all, batch)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening
+            for req, _ in items:
+                if req.loop is loop:
+                    req.cancelled = True

@@ -2,15 +2,20 @@
 
 Why it exists: `liveloop up` must serve (and hot-swap) a model with no external inference
 server. A dedicated decode thread owns the model and a batched KV cache; each iteration it
-applies pending weight swaps, drops finished or cancelled requests, prefills joiners (FIFO,
-up to `max_batch_size` running) and runs one decode step for the whole batch. Tokens go
-back to each request's asyncio queue on its own event loop, so the event loop never waits
-on torch.
+applies pending weight swaps, drops finished or cancelled requests, prefills the oldest
+waiting request (in chunks of `prefill_chunk_tokens`, after seeding it from the prefix
+cache) and, once prefilled, lets it join the batch (up to `max_batch_size` running), then
+runs one decode step for the whole batch. Tokens go back to each request's asyncio queue
+on its own event loop, so the event loop never waits on torch.
+
+The decode thread uses torch's process-wide intra-op thread count (`torch.set_num_threads`);
+on a small machine shared with other processes, 1 thread is often much faster than 2.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -18,30 +23,40 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from server.engine.forward import LlamaRunner, Prefill
-from server.engine.sampling import Sampled, find_stop_string, sample_batch
-from server.engine.state import Request, Swap, default_max_len, eos_ids, put_all, settle
+from server.engine.prefix_cache import PrefixCache
+from server.engine.sampling import Sampled, sample_batch
+from server.engine.state import (
+    Request,
+    Swap,
+    check_request,
+    default_max_len,
+    deliver,
+    eos_ids,
+    finish_reason,
+    settle,
+)
 from server.engine.types import (
-    ContextLengthError,
     EngineError,
     EngineStats,
-    InvalidRequestError,
     SamplingParams,
     TokenOutput,
 )
 from server.engine.weights import WeightSpec
 
-MAX_TOP_LOGPROBS = 20
-
 
 class TorchEngine:
-    """Continuous-batching generation with per-token log-probs and live weight swaps."""
+    """Continuous-batching generation with per-token log-probs and live weight swaps.
+
+    `prefill_chunk_tokens` bounds the prompt tokens run per iteration (how long a joiner
+    stalls the running requests); `prefix_cache_tokens` bounds the prefix cache (0 = off).
+    """
 
     def __init__(
         self,
@@ -53,6 +68,7 @@ class TorchEngine:
         device: str = "cpu",
         version: int = 0,
         prefill_chunk_tokens: int = 512,
+        prefix_cache_tokens: int = 8192,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -71,6 +87,8 @@ class TorchEngine:
         self._prefill_chunk = max(1, prefill_chunk_tokens)
         self._staging: tuple[Request, Prefill] | None = None
         self._stats = EngineStats()
+        self._prefix = PrefixCache(prefix_cache_tokens)
+        self._swap_count = 0
         self._max_model_len = max_model_len or default_max_len(model)
         self._version = version
         self._cache = self._runner.new_cache(max_batch_size, self._max_model_len)
@@ -136,7 +154,7 @@ class TorchEngine:
             self._thread.start()
 
     async def stop(self) -> None:
-        """Stop the decode thread; requests and swaps still pending fail with EngineError."""
+        """Stop the decode thread; requests still pending fail with EngineError."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -145,55 +163,33 @@ class TorchEngine:
             await asyncio.to_thread(thread.join)
         with self._cond:
             pending = [*self._running, *self._waiting]
-            swaps, self._swaps = self._swaps, []
             self._running, self._waiting = [], deque()
             self._thread = None
         self._cache.clear()
         self._staging = None
-        self._deliver([(r, EngineError("engine stopped")) for r in pending])
-        for swap in swaps:
-            swap.loop.call_soon_threadsafe(settle, swap.future, EngineError("engine stopped"))
+        deliver([(r, EngineError("engine stopped")) for r in pending])
+        await asyncio.to_thread(self._apply_swaps)  # validated swaps that raced with stop()
 
     # ----------------------------------------------------------------- requests
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[TokenOutput]:
+    ) -> AsyncGenerator[TokenOutput, None]:
         """Stream a completion's tokens; the request joins the batch when iteration starts.
 
-        Raises ContextLengthError / InvalidRequestError / EngineError at once. Leaving the
-        iteration early (break, aclose, task cancelled) removes the request from the batch.
+        Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
+        iterator early (`aclose()`, `contextlib.aclosing`, the consuming task cancelled)
+        removes the request from the batch at once; a plain `break` leaves that to garbage
+        collection (asyncio then closes the iterator soon after).
         """
         prompt = [int(t) for t in prompt_token_ids]
-        self._check_request(prompt, params)
+        check_request(prompt, params, self.vocab_size, self._max_model_len)
         if not self.is_running:
             raise EngineError("engine is not running")
         return self._stream(prompt, params, request_id or uuid.uuid4().hex)
 
-    def _check_request(self, prompt: list[int], params: SamplingParams) -> None:
-        if not prompt:
-            raise InvalidRequestError("prompt is empty")
-        if len(prompt) + 1 > self._max_model_len:
-            raise ContextLengthError(
-                f"prompt has {len(prompt)} tokens; max_model_len {self._max_model_len} "
-                "leaves no room for a completion"
-            )
-        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"token id {bad} outside the vocabulary (0..{self.vocab_size - 1})"
-            )
-        if params.max_tokens < 1:
-            raise InvalidRequestError("max_tokens must be at least 1")
-        if not params.temperature >= 0 or params.temperature == float("inf"):
-            raise InvalidRequestError("temperature must be a finite number >= 0")
-        if not 0 < params.top_p <= 1:
-            raise InvalidRequestError("top_p must be in (0, 1]")
-        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
-
     async def _stream(
         self, prompt: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[TokenOutput]:
+    ) -> AsyncGenerator[TokenOutput, None]:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self._runner.device)
@@ -233,6 +229,10 @@ class TorchEngine:
                 self._waiting.remove(req)
             self._cond.notify()
 
+    def clear_prefix_cache(self) -> None:
+        """Forget all cached prompt keys/values (benchmarks; freeing memory)."""
+        self._prefix.clear()
+
     # ----------------------------------------------------------------- weights
     def validate_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Check names, shapes, dtypes and finiteness; raise WeightValidationError if bad."""
@@ -244,11 +244,11 @@ class TorchEngine:
         loop = asyncio.get_running_loop()
         swap = Swap(state_dict, version, loop, loop.create_future())
         with self._cond:
-            queued = self.is_running
+            queued = self._thread is not None
             if queued:
                 self._swaps.append(swap)
                 self._cond.notify()
-        if not queued:  # no decode loop to pause: apply at once, off the event loop
+        if not queued:  # no decode thread to pause: apply at once, off the event loop
             return await asyncio.to_thread(self._apply_swap, swap)
         return await swap.future
 
@@ -258,6 +258,8 @@ class TorchEngine:
         if self._runner.device.type == "cuda":
             torch.cuda.synchronize(self._runner.device)
         self._version = swap.version
+        self._swap_count += 1
+        self._prefix.clear()
         pause = time.perf_counter() - started
         self._stats.weight_swaps += 1
         self._stats.swap_pause_seconds += pause
@@ -274,17 +276,20 @@ class TorchEngine:
                 result = EngineError(
                     f"applying weights failed (model may be partly updated): {exc}"
                 )
-            swap.loop.call_soon_threadsafe(settle, swap.future, result)
+            with contextlib.suppress(RuntimeError):  # the swapper's event loop is gone
+                swap.loop.call_soon_threadsafe(settle, swap.future, result)
 
     # ----------------------------------------------------------------- decode thread
     def _run(self) -> None:
         with torch.inference_mode():
             while self._wait_for_work():
+                cpu = time.thread_time()
                 try:
                     self._iteration()
                 except Exception as exc:
                     self._log.exception("torch engine decode iteration failed")
                     self._fail_running(EngineError(f"generation failed: {exc}"))
+                self._stats.busy_cpu_seconds += time.thread_time() - cpu
 
     def _wait_for_work(self) -> bool:
         with self._cond:
@@ -317,7 +322,7 @@ class TorchEngine:
             if req is None:
                 return
             if self._staging is None or self._staging[0] is not req:
-                self._staging = (req, self._runner.start_prefill(req.prompt))
+                self._staging = (req, self._start_prefill(req))
             state = self._staging[1]
             take = min(budget, state.remaining)
             budget -= take
@@ -328,6 +333,8 @@ class TorchEngine:
             if logits is None:
                 return
             self._staging = None
+            if req.kv_epoch == self._swap_count:  # no swap during the prefill
+                self._prefix.insert(req.prompt, state.keys, state.values)
             with self._cond:
                 if req.cancelled:  # _cancel already took it out of the queue
                     continue
@@ -336,11 +343,28 @@ class TorchEngine:
             self._runner.join(self._cache, state)
             self._process([req], logits[None])
 
+    def _start_prefill(self, req: Request) -> Prefill:
+        state = self._runner.start_prefill(req.prompt)
+        req.kv_epoch = self._swap_count
+        self._stats.prefix_hit_tokens += self._prefix.seed(state)
+        return state
+
+    def _remember(self, req: Request, row: int) -> None:
+        """Offer a finished request's prompt + completion keys/values to the prefix cache."""
+        tokens = req.prompt + req.output[:-1]
+        if (
+            self._prefix.max_tokens >= len(tokens) > len(req.prompt)
+            and req.kv_epoch == self._swap_count
+            and self._cache.lengths[row] == len(tokens)
+        ):
+            self._prefix.insert(tokens, *self._cache.row_copy(row))
+
     def _reap(self) -> None:
         """Remove finished and cancelled rows (the last row moves into each hole)."""
         for i in reversed(range(len(self._running))):
             req = self._running[i]
             if req.done or req.cancelled:
+                self._remember(req, i)
                 self._cache.remove_row(i)
                 with self._cond:
                     self._running[i] = self._running[-1]
@@ -357,7 +381,7 @@ class TorchEngine:
         self._cache.clear()
         for req in failed:
             req.done = True
-        self._deliver([(r, EngineError(str(error))) for r in failed])
+        deliver([(r, EngineError(str(error))) for r in failed])
 
     def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample each row, record the token, decide whether it ends, hand it out."""
@@ -374,7 +398,7 @@ class TorchEngine:
             except Exception as exc:
                 req.done = True
                 out.append((req, EngineError(f"sampling failed: {exc}")))
-        self._deliver(out)
+        deliver(out)
         self._reap()
 
     def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:
@@ -383,36 +407,8 @@ class TorchEngine:
         params = req.params
         if params.constraint is not None:
             params.constraint.accept_token(token)
-        finish, stop_string = self._finish_reason(req, token)
+        finish, stop_string = finish_reason(req, token, self._stop_tokenizer)
         req.done = finish is not None
         return TokenOutput(
             token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
         )
-
-    def _finish_reason(self, req: Request, token: int) -> tuple[str | None, str | None]:
-        """("stop" | "length" | None, the stop string that matched) after `token`."""
-        params = req.params
-        if token in req.stop_ids:
-            return "stop", None
-        if params.constraint is not None and params.constraint.is_terminated():
-            return "stop", None
-        if params.stop:
-            matched = find_stop_string(self._stop_tokenizer, req.output, params.stop)
-            if matched is not None:
-                return "stop", matched
-        if len(req.output) >= req.max_new:
-            return "length", None
-        return None, None
-
-    def _deliver(self, items: list[tuple[Request, TokenOutput | Exception]]) -> None:
-        """Hand items to their consumers' event loops, one callback per loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        for req, item in items:
-            by_loop.setdefault(req.loop, []).append((req.queue, item))
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(put_all, batch)
-            except RuntimeError:  # the consumer's loop is closed: nobody is listening
-                for req, _ in items:
-                    if req.loop is loop:
-                        req.cancelled = True

@@ -72,6 +72,8 @@ class EngineStats:
     decode_seconds: float = 0.0  # forward + sampling of the decode steps
     weight_swaps: int = 0
     swap_pause_seconds: float = 0.0
+    busy_cpu_seconds: float = 0.0  # CPU time of the decode thread itself while it had work
+    prefix_hit_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
 
 
 class EngineError(RuntimeError):
