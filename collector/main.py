@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -48,12 +49,15 @@ async def serve(settings: LiveLoopSettings, metrics: CollectorMetrics) -> None:
     )
     collector = Collector(settings, client, metrics=metrics, trainer_version=versions)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    signals = (signal.SIGINT, signal.SIGTERM)
+    # Signals reach only the main thread; embedded in another program's thread, skip them.
+    handle = threading.current_thread() is threading.main_thread()
+    for sig in signals if handle else ():
         loop.add_signal_handler(sig, collector.stop)
     try:
         await collector.run()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in signals if handle else ():
             loop.remove_signal_handler(sig)
         registry_version.close()
         await client.aclose()

@@ -22,11 +22,10 @@ class CollectorMetrics:
             ["reason"],
             registry=r,
         )
-        self.staleness = Histogram(
-            "liveloop_collector_staleness",
+        self.staleness = self._histogram(
+            "staleness",
             "Versions between a turn's oldest token and the trainer when the turn was read.",
-            buckets=STALENESS_BUCKETS,
-            registry=r,
+            STALENESS_BUCKETS,
         )
         self.reward = Summary(
             "liveloop_collector_reward",
@@ -38,22 +37,18 @@ class CollectorMetrics:
         self.batched_turns = Counter(
             "liveloop_collector_batched_turns", "Turns published in batches.", registry=r
         )
-        self.batch_tokens = Histogram(
-            "liveloop_collector_batch_tokens",
-            "Tokens per published batch.",
-            buckets=TOKEN_BUCKETS,
-            registry=r,
+        self.batch_tokens = self._histogram(
+            "batch_tokens", "Tokens per published batch.", TOKEN_BUCKETS
         )
         self.by_reference = Counter(
             "liveloop_collector_batches_by_reference",
             "Batches written to a file instead of inline.",
             registry=r,
         )
-        self.batch_wait = Histogram(
-            "liveloop_collector_batch_wait_seconds",
+        self.batch_wait = self._histogram(
+            "batch_wait_seconds",
             "Time from a batch's oldest turn arriving to the batch being published.",
-            buckets=WAIT_BUCKETS,
-            registry=r,
+            WAIT_BUCKETS,
         )
         self.pending = Gauge(
             "liveloop_collector_pending_turns",
@@ -71,3 +66,6 @@ class CollectorMetrics:
             ["judge"],
             registry=r,
         )
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(f"liveloop_collector_{name}", doc, buckets=buckets, registry=self.registry)

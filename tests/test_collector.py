@@ -14,6 +14,7 @@ from collector.loop import Collector
 from collector.packing import FlushPolicy, first_fit
 from collector.writer import BatchWriter
 from liveloop import bus
+from liveloop.config import ConfigError
 from liveloop.contracts import TrainingBatch
 from tests.test_collector_support import announce, publish_turns, scored_turn, settings_for
 from trainer.source import load_batch_file
@@ -191,7 +192,9 @@ async def test_redelivered_turns_are_batched_once(
     turns = [scored_turn(f"s{i}") for i in range(3)]
     await publish_turns(aredis_client, turns)
     # Collector "a" reads the turns and dies before batching them (group still open).
-    first = await make_collector(aredis_client, redis_url, data_dir, group_wait_s=60.0)
+    first = await make_collector(
+        aredis_client, redis_url, data_dir, group_wait_s=60.0, claim_idle_ms=300_000
+    )
     first.consumer.consumer = "a"
     await first.step(block_ms=20)
     assert await batches(aredis_client) == [] and len(first._held_entries) == 3
@@ -219,3 +222,8 @@ async def test_writer_is_exactly_once_per_batch_and_per_turn(
     assert overlap.status == "taken" and overlap.taken_key == samples[1].key
     assert await writer.already_batched([s.key for s in samples]) == {"a:0:0", "b:0:0"}
     assert len(await batches(aredis_client)) == 1
+
+
+def test_settings_refuse_a_claim_timeout_shorter_than_the_batch_wait(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"collector: .*claim_idle_ms"):
+        settings_for("redis://unused", tmp_path, collector={"max_wait_s": 100.0})

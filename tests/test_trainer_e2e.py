@@ -10,20 +10,36 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import redis.asyncio as aredis
 
 from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
+from liveloop.valkey import free_port
 from tests.test_collector_support import publish_turns, scored_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_loop(command: str, redis_url: str, data_dir: Path) -> subprocess.Popen[bytes]:
+def start_loop(
+    command: str, redis_url: str, data_dir: Path, metrics_port: int
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-m", "liveloop.cli", command, "--model", "tiny-random"]
     args += ["--redis-url", redis_url, "--data-dir", str(data_dir), "--log-level", "WARNING"]
+    args += ["--metrics-port", str(metrics_port)]
     return subprocess.Popen(args, cwd=ROOT, env=env, stderr=subprocess.PIPE)
+
+
+def scrape(port: int) -> str:
+    return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+
+
+def value(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{series} not exported")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
@@ -51,7 +67,8 @@ async def test_new_version_within_60s_of_64_judged_turns(
     ]
     await publish_turns(aredis_client, turns)
     start = time.monotonic()
-    procs = [start_loop(cmd, redis_url, data_dir) for cmd in ("collect", "train")]
+    ports = {"collect": free_port(), "train": free_port()}
+    procs = [start_loop(cmd, redis_url, data_dir, port) for cmd, port in ports.items()]
     try:
         announced: WeightsAnnouncement | None = None
         while announced is None and time.monotonic() - start < 60:
@@ -61,11 +78,21 @@ async def test_new_version_within_60s_of_64_judged_turns(
                 announced = bus.decode(entries[0][1], WeightsAnnouncement)
             await asyncio.sleep(0.2)
         elapsed = time.monotonic() - start
+        scraped = {cmd: scrape(port) for cmd, port in ports.items()}
     finally:
         results = [stop(p) for p in procs]
     assert announced is not None, f"no new version within 60 s: {results}"
     assert announced.version == 1 and elapsed < 60
     assert Path(announced.path, "model.safetensors").is_file()
     assert announced.metrics["samples"] > 0
+    assert value(scraped["train"], "liveloop_trainer_version") >= 1
+    for name in ("loss", "clip_fraction", "iw_mean", "iw_max", "iw_capped_fraction", "entropy"):
+        assert f"liveloop_trainer_{name} " in scraped["train"], name
+    for name in ("approx_kl", "grad_norm", "tokens_per_second", "staleness_bucket"):
+        assert f"liveloop_trainer_{name}" in scraped["train"], name
+    assert value(scraped["train"], "liveloop_trainer_batch_wait_seconds_count") >= 1
+    assert value(scraped["collect"], "liveloop_collector_turns_total") == 64
+    assert value(scraped["collect"], 'liveloop_collector_reward_count{version="0"}') == 64
+    assert value(scraped["collect"], "liveloop_collector_batch_wait_seconds_count") >= 1
     # SIGTERM is a clean stop for both loops.
     assert [rc for rc, _err in results] == [0, 0], results

@@ -51,6 +51,7 @@ class CheckpointStore:
     def __init__(self, root: Path, keep: int) -> None:
         self.root = Path(root)
         self.keep = keep
+        self._tokenizer_dir: Path | None = None
 
     def path_for(self, version: int) -> Path:
         """Directory of a version's checkpoint (absolute)."""
@@ -90,7 +91,7 @@ class CheckpointStore:
             shutil.rmtree(tmp)
         try:
             model.save_pretrained(str(tmp))
-            tokenizer.save_pretrained(str(tmp))
+            self._link_tokenizer(tokenizer, tmp)
             state_dir = tmp / STATE_DIR
             state_dir.mkdir()
             torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
@@ -106,6 +107,19 @@ class CheckpointStore:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return final
+
+    def _link_tokenizer(self, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+        """Tokenizer files into `target`: serialised once per process, then hard-linked."""
+        cache = self.root / f".tokenizer-{os.getpid()}"
+        if self._tokenizer_dir != cache:
+            shutil.rmtree(cache, ignore_errors=True)
+            tokenizer.save_pretrained(str(cache))
+            self._tokenizer_dir = cache
+        for item in cache.iterdir():
+            try:
+                os.link(item, target / item.name)
+            except OSError:  # no hard links on this filesystem
+                shutil.copy2(item, target / item.name)
 
     def load_state(self, version: int) -> TrainerState:
         """The trainer state saved with a version."""
@@ -125,7 +139,7 @@ class CheckpointStore:
         doomed = found[: max(len(found) - self.keep, 0)]
         for version in doomed:
             shutil.rmtree(self.path_for(version), ignore_errors=True)
-        for tmp in self.root.glob(".v*.tmp-*"):
-            if not tmp.name.endswith(f"-{os.getpid()}"):
+        for tmp in [*self.root.glob(".v*.tmp-*"), *self.root.glob(".tokenizer-*")]:
+            if not tmp.name.endswith(f"-{os.getpid()}"):  # left behind by a dead trainer
                 shutil.rmtree(tmp, ignore_errors=True)
         return doomed

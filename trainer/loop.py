@@ -115,6 +115,14 @@ class Trainer:
     async def run(self) -> None:
         """Loop of rank 0 until `stop()` or `max_updates`."""
         await asyncio.to_thread(self.setup)
+        try:
+            await self._serve()
+        except BaseException:
+            if self.comm.world > 1:  # release the followers waiting for a message
+                await asyncio.to_thread(self.comm.broadcast, StepMessage("stop"))
+            raise
+
+    async def _serve(self) -> None:
         client = await bus.connect(self._redis_url())
         registry = await asyncio.to_thread(Registry.open, self.settings.effective_db_url)
         run_id = await asyncio.to_thread(registry.start_run, "train", self._run_config())
@@ -132,8 +140,6 @@ class Trainer:
             await self._lead(source, publisher)
             status = "finished"
         finally:
-            if self.comm.world > 1 and status == "failed":
-                await asyncio.to_thread(self.comm.broadcast, StepMessage("stop"))
             await asyncio.to_thread(registry.finish_run, run_id, status)
             registry.close()
             await client.aclose()

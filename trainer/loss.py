@@ -9,7 +9,8 @@ trust-region-anchored to (log-prob `p`, the trainer's weights before the update)
     w      = exp(p - b)                      # detached importance weight
     loss_t = -w * min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
 
-Tokens with `w` above `iw_cap` are masked (weight 0) or clamped to the cap. This module
+Tokens with `w` above `iw_cap` are masked (weight 0, but still counted in the token mean,
+so the normaliser does not depend on the weights) or clamped to the cap. This module
 returns token *sums*, not means, so micro-batches and data-parallel ranks can add their
 parts and divide once by the global token count. It knows nothing about models or I/O,
 which keeps the arithmetic and its gradient checkable by hand.

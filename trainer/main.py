@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -24,7 +25,13 @@ log = logging.getLogger(__name__)
 
 @contextmanager
 def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
-    """SIGINT/SIGTERM call `stop` (a clean finish after the current update) while inside."""
+    """SIGINT/SIGTERM call `stop` (a clean finish after the current update) while inside.
+
+    Outside the main thread (a loop embedded in another program) signals are left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
         signal.signal(sig, lambda *_: stop())

@@ -15,42 +15,28 @@ class TrainerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        g = self._gauge
+        self.version = g("version", "Current policy version.")
+        self.loss = g("loss", "Loss of the last update.")
+        self.clip_fraction = g("clip_fraction", "Tokens where the clipped branch won.")
+        self.iw_mean = g("iw_mean", "Mean behaviour importance weight.")
+        self.iw_max = g("iw_max", "Max behaviour importance weight.")
+        self.masked_fraction = g(
+            "iw_capped_fraction", "Tokens whose importance weight exceeded the cap."
+        )
+        self.approx_kl = g("approx_kl", "k3 KL(proximal || current), last update.")
+        self.ref_kl = g("ref_kl", "k3 KL to the reference (0 without one).")
+        self.entropy = g("entropy", "Mean token entropy.")
+        self.grad_norm = g("grad_norm", "Gradient norm before clipping.")
+        self.tokens_per_s = g("tokens_per_second", "Forward tokens per second.")
+        self.publish_seconds = g("publish_seconds", "Checkpoint write + announce time.")
         r = self.registry
-        self.version = Gauge("liveloop_trainer_version", "Current policy version.", registry=r)
         self.updates = Counter("liveloop_trainer_updates", "Policy updates.", registry=r)
-        self.loss = Gauge("liveloop_trainer_loss", "Loss of the last update.", registry=r)
-        self.clip_fraction = Gauge(
-            "liveloop_trainer_clip_fraction", "Tokens where the clipped branch won.", registry=r
-        )
-        self.iw_mean = Gauge(
-            "liveloop_trainer_iw_mean", "Mean behaviour importance weight.", registry=r
-        )
-        self.iw_max = Gauge(
-            "liveloop_trainer_iw_max", "Max behaviour importance weight.", registry=r
-        )
-        self.masked_fraction = Gauge(
-            "liveloop_trainer_iw_capped_fraction",
-            "Tokens whose importance weight exceeded the cap.",
-            registry=r,
-        )
-        self.approx_kl = Gauge(
-            "liveloop_trainer_approx_kl", "k3 KL(proximal || current), last update.", registry=r
-        )
-        self.ref_kl = Gauge(
-            "liveloop_trainer_ref_kl", "k3 KL to the reference (0 without one).", registry=r
-        )
-        self.entropy = Gauge("liveloop_trainer_entropy", "Mean token entropy.", registry=r)
-        self.grad_norm = Gauge(
-            "liveloop_trainer_grad_norm", "Gradient norm before clipping.", registry=r
-        )
-        self.tokens_per_s = Gauge(
-            "liveloop_trainer_tokens_per_second", "Forward tokens per second.", registry=r
-        )
         self.tokens = Counter("liveloop_trainer_tokens", "Forward tokens trained.", registry=r)
         self.samples = Counter("liveloop_trainer_samples", "Samples trained.", registry=r)
         self.dropped = Counter(
             "liveloop_trainer_dropped_samples",
-            "Samples not trained on, by reason.",
+            "Samples not trained on, by reason (stale, invalid, duplicate_batch).",
             ["reason"],
             registry=r,
         )
@@ -66,9 +52,9 @@ class TrainerMetrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
-        self.publish_seconds = Gauge(
-            "liveloop_trainer_publish_seconds", "Checkpoint write + announce time.", registry=r
-        )
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(f"liveloop_trainer_{name}", doc, registry=self.registry)
 
     def observe_update(self, stats: UpdateStats, version: int) -> None:
         """Record one finished update."""

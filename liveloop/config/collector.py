@@ -1,6 +1,8 @@
 """Settings of the collecting loop (`liveloop collect`)."""
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 
 from liveloop.config.base import Section
 
@@ -73,3 +75,12 @@ class CollectorConfig(Section):
     consumer_name: str | None = Field(
         None, description="Consumer name in the group `collector` (default: host-pid)."
     )
+
+    @model_validator(mode="after")
+    def _claim_after_wait(self) -> Self:
+        """Turns stay pending while they wait for a batch: others must not reclaim them."""
+        if self.claim_idle_ms < 2000 * (self.max_wait_s + self.group_wait_s):
+            raise ValueError(
+                "claim_idle_ms must be at least twice (max_wait_s + group_wait_s), in ms"
+            )
+        return self
