@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 # Per-model defaults the demo passes to its loops (the user's env or TOML still win).
 DEMO_PROFILES: dict[str, dict[str, str]] = {
-    "tiny-random": {"LIVELOOP_TRAINER__LR": "3e-3", "max_tokens": "24"},
+    "tiny-random": {"LIVELOOP_TRAINER__LR": "1e-2", "max_tokens": "24"},
     "smollm2-135m": {"LIVELOOP_TRAINER__LR": "2e-5", "max_tokens": "48"},
 }
 COMMON_ENV = {
