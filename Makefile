@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
-export OMP_NUM_THREADS ?= 2
+
 
 .PHONY: demo test lint typecheck pytest venv clean bench
 

@@ -12,7 +12,7 @@ import redis.asyncio as aredis
 
 from liveloop.valkey import EmbeddedValkey
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

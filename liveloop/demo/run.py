@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +29,28 @@ from liveloop.valkey import free_port
 
 log = logging.getLogger(__name__)
 
-# Per-model defaults the demo passes to its loops (the user's env or TOML still win).
-DEMO_PROFILES: dict[str, dict[str, str]] = {
-    "tiny-random": {"LIVELOOP_TRAINER__LR": "1e-2", "max_tokens": "24"},
-    "smollm2-135m": {"LIVELOOP_TRAINER__LR": "2e-5", "max_tokens": "48"},
+
+@dataclass(frozen=True)
+class DemoProfile:
+    """Per-model demo sizing: reply budget, users' word limits, and env for the loops."""
+
+    max_tokens: int
+    word_limits: tuple[int, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# A random model starts at ~16 words in 24 tokens; SmolLM2 at ~37 words in 48 tokens.
+# The learning rates were picked so that learning shows within the demo's minutes; the
+# user's own environment or TOML still wins over them.
+DEMO_PROFILES: dict[str, DemoProfile] = {
+    "tiny-random": DemoProfile(24, (8, 10, 12), {"LIVELOOP_TRAINER__LR": "1e-2"}),
+    "smollm2-135m": DemoProfile(48, (20, 25, 30), {"LIVELOOP_TRAINER__LR": "5e-5"}),
 }
 COMMON_ENV = {
     "LIVELOOP_PRM__NEXT_STATE_TIMEOUT_S": "10",
     "LIVELOOP_COLLECTOR__MIN_TURNS": "16",
     "LIVELOOP_COLLECTOR__MAX_WAIT_S": "10",
+    "OMP_NUM_THREADS": "1",  # four loop processes share the cores; one thread each is fastest
 }
 EVAL_USERS = 6
 EVAL_TURNS_PER_USER = 4
@@ -46,12 +60,12 @@ class DemoError(RuntimeError):
     """The demo could not run (server never became ready, ...)."""
 
 
-def _profile(model: str) -> dict[str, str]:
+def _profile(model: str) -> DemoProfile:
     return DEMO_PROFILES.get(model, DEMO_PROFILES["smollm2-135m"])
 
 
 def _child_env(settings: LiveLoopSettings, admin_key: str) -> dict[str, str]:
-    env = {k: v for k, v in _profile(settings.model).items() if k.startswith("LIVELOOP_")}
+    env = dict(_profile(settings.model).env)
     env.update(COMMON_ENV)
     env = {k: v for k, v in env.items() if k not in os.environ}
     env["LIVELOOP_ADMIN_KEY"] = admin_key
@@ -95,10 +109,11 @@ def held_out_reward(stats: UserStats) -> dict[str, Any]:
     }
 
 
-def evaluate(base_url: str, model: str, max_tokens: int, seed: int) -> dict[str, Any]:
+def evaluate(base_url: str, model: str, seed: int) -> dict[str, Any]:
     """Held-out simulated users (a different seed) against whatever the server serves now."""
-    run = UserRun(base_url=base_url, model=model, max_tokens=max_tokens, record=False)
-    people = make_population(EVAL_USERS, seed + 10_000)
+    profile = _profile(model)
+    run = UserRun(base_url=base_url, model=model, max_tokens=profile.max_tokens, record=False)
+    people = make_population(EVAL_USERS, seed + 10_000, profile.word_limits)
     stats = asyncio.run(
         run_population(
             run, people, seconds=600, seed=seed + 10_000, max_turns_per_user=EVAL_TURNS_PER_USER
@@ -137,14 +152,16 @@ def run_demo(
     supervisor = Supervisor(
         child, config_file=config_file, extra_env=_child_env(settings, admin_key)
     )
-    max_tokens = int(_profile(settings.model)["max_tokens"])
+    profile = _profile(settings.model)
     seconds = settings.demo.minutes * 60
     supervisor.start()
     try:
         wait_ready(supervisor.base_url, supervisor)
         started = time.monotonic()
-        run = UserRun(base_url=supervisor.base_url, model=settings.model, max_tokens=max_tokens)
-        people = make_population(settings.demo.users, settings.demo.seed)
+        run = UserRun(
+            base_url=supervisor.base_url, model=settings.model, max_tokens=profile.max_tokens
+        )
+        people = make_population(settings.demo.users, settings.demo.seed, profile.word_limits)
         with LiveView(supervisor, quiet=quiet, title="LiveLoop demo") as view:
             stats = _drive(run, people, seconds, settings.demo.seed, supervisor, view)
         log.info(
@@ -158,9 +175,7 @@ def run_demo(
         )
         if summary["reward_first_window"] is not None and summary["reward_last_window"] is not None:
             summary["improvement"] = summary["reward_last_window"] - summary["reward_first_window"]
-        summary["eval"] = _compare_versions(
-            supervisor, admin_key, base_model_dir, settings, max_tokens
-        )
+        summary["eval"] = _compare_versions(supervisor, admin_key, base_model_dir, settings)
         paths = write_report(out_dir, summary, turns)
     finally:
         supervisor.stop()
@@ -196,7 +211,6 @@ def _compare_versions(
     admin_key: str,
     base_dir: str,
     settings: LiveLoopSettings,
-    max_tokens: int,
 ) -> dict[str, Any]:
     """Freeze training, then held-out users on version 0 and on the final version."""
     for loop in supervisor.loops:
@@ -209,9 +223,7 @@ def _compare_versions(
         candidates.append((f"version {latest[0]} (final)", latest[0], latest[1]))
     for label, version, path in candidates:
         load_version(supervisor.base_url, admin_key, path, version)
-        result[label] = evaluate(
-            supervisor.base_url, settings.model, max_tokens, settings.demo.seed
-        )
+        result[label] = evaluate(supervisor.base_url, settings.model, settings.demo.seed)
     return result
 
 
@@ -241,12 +253,7 @@ def run_eval(settings: LiveLoopSettings, *, version: int | None) -> None:
         wait_ready(supervisor.base_url, supervisor)
         if chosen:
             load_version(supervisor.base_url, admin_key, path, chosen)
-        result = evaluate(
-            supervisor.base_url,
-            settings.model,
-            int(_profile(settings.model)["max_tokens"]),
-            settings.demo.seed,
-        )
+        result = evaluate(supervisor.base_url, settings.model, settings.demo.seed)
     finally:
         supervisor.stop()
     print(json.dumps({"version": chosen, "path": path, **result}, indent=2))

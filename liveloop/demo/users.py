@@ -146,7 +146,7 @@ class UserRun:
     model: str
     api_key: str = "none"
     max_tokens: int = 32
-    turns_per_session: int = 4
+    turns_per_session: int = 2
     record: bool = True
     temperature: float = 1.0
 
