@@ -1,0 +1,109 @@
+"""`liveloop up` (four supervised loops) and `liveloop demo` (a learning curve), end to end."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from liveloop.valkey import free_port
+
+CLI = [sys.executable, "-m", "liveloop.cli"]
+
+
+def _loop_children(parent: psutil.Process) -> dict[str, psutil.Process]:
+    loops = {}
+    for child in parent.children():
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:  # a killed loop stays a zombie until the supervisor reaps it
+            continue
+        if "liveloop.cli" in cmd:
+            loops[cmd[cmd.index("liveloop.cli") + 1]] = child
+    return loops
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "liveloop up exited early"
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("server never became ready")
+
+
+@pytest.mark.slow
+def test_up_runs_restarts_and_stops_everything(tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [
+        *CLI,
+        "up",
+        "--model",
+        "tiny-random",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path),
+        "--quiet",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc)
+        loops = _loop_children(parent)
+        assert set(loops) == {"serve", "judge", "collect", "train"}
+        everything = parent.children(recursive=True)
+        assert any("valkey-server" in " ".join(p.cmdline()) for p in everything)
+
+        loops["judge"].kill()  # a crashed loop is restarted, the others keep running
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            judge = _loop_children(parent).get("judge")
+            if judge is not None and judge.pid != loops["judge"].pid:
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError("the killed judge loop was not restarted")
+        assert loops["serve"].is_running()
+
+        everything = parent.children(recursive=True)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert time.monotonic() - started < 10
+        time.sleep(0.5)
+        alive = [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_demo_on_tiny_random_learns_within_three_minutes(tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [*CLI, "demo", "--model", "tiny-random", "--minutes", "3", "--port", str(port)]
+    cmd += ["--data-dir", str(tmp_path), "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "demo"
+    assert str(out / "report.md") in done.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "reward.png").stat().st_size > 10_000
+    assert "# LiveLoop demo report" in (out / "report.md").read_text()
+    assert report["judged_turns"] >= 2 * report["window_turns"]
+    assert report["policy_versions"] > 1
+    assert report["reward_last_window"] - report["reward_first_window"] >= 0.3, report
+    held_out = report["eval"]
+    assert "version 0" in held_out and any("final" in k for k in held_out)
