@@ -110,7 +110,7 @@ class BatchWriter:
         argv: list[str | int | float] = [bus.DEDUPE_TTL_S, now, now - MEMBER_TTL_S, len(keys)]
         argv += keys
         argv += ["data", payload, "batch_id", batch.batch_id, "num_tokens", batch.num_tokens]
-        marker = f"{self.stream}:seen:{batch.batch_id}"
+        marker = bus.dedupe_marker(self.stream, batch.batch_id)
         reply = await self.client.eval(  # type: ignore[misc]
             _PUBLISH_BATCH, 3, self.stream, marker, self.members_key, *argv
         )

@@ -55,6 +55,11 @@ def dlq_key(name: str) -> str:
     return stream_key(name) + ":dlq"
 
 
+def dedupe_marker(stream: str, dedupe_key: str) -> str:
+    """The key that makes `publish(..., dedupe_key=...)` exactly-once for (stream, key)."""
+    return f"{stream_key(stream)}:seen:{dedupe_key}"
+
+
 def default_consumer_name() -> str:
     """A consumer name unique to this process."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -114,7 +119,7 @@ async def publish(
     argv: list[str | int] = [DEDUPE_TTL_S]
     for k, v in fields.items():
         argv += [k, v]
-    marker = f"{stream_key(stream)}:seen:{dedupe_key}"
+    marker = dedupe_marker(stream, dedupe_key)
     result = await client.eval(_PUBLISH_ONCE, 2, stream_key(stream), marker, *argv)  # type: ignore[misc]
     return str(result) if result else None
 

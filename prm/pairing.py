@@ -133,7 +133,7 @@ return added
 
 def seen_marker(stream: str, dedupe_key: str) -> str:
     """The exactly-once marker `liveloop.bus.publish` uses for (stream, dedupe key)."""
-    return f"{bus.stream_key(stream)}:seen:{dedupe_key}"
+    return bus.dedupe_marker(stream, dedupe_key)
 
 
 @dataclass
