@@ -44,10 +44,15 @@ class DemoProfile:
 # user's own environment or TOML still wins over them.
 DEMO_PROFILES: dict[str, DemoProfile] = {
     "tiny-random": DemoProfile(24, (8, 10, 12), {"LIVELOOP_TRAINER__LR": "1e-2"}),
-    "smollm2-135m": DemoProfile(48, (20, 25, 30), {"LIVELOOP_TRAINER__LR": "5e-5"}),
+    "smollm2-135m": DemoProfile(
+        48,
+        (20, 25, 30),
+        {"LIVELOOP_TRAINER__LR": "5e-5", "LIVELOOP_COLLECTOR__MAX_WAIT_S": "45"},
+    ),
 }
 COMMON_ENV = {
-    "LIVELOOP_PRM__NEXT_STATE_TIMEOUT_S": "10",
+    # A next state is the user's following turn, recorded when its reply is complete.
+    "LIVELOOP_PRM__NEXT_STATE_TIMEOUT_S": "60",
     "LIVELOOP_COLLECTOR__MIN_TURNS": "16",
     "LIVELOOP_COLLECTOR__MAX_WAIT_S": "10",
     "OMP_NUM_THREADS": "1",  # four loop processes share the cores; one thread each is fastest
@@ -65,8 +70,8 @@ def _profile(model: str) -> DemoProfile:
 
 
 def _child_env(settings: LiveLoopSettings, admin_key: str) -> dict[str, str]:
-    env = dict(_profile(settings.model).env)
-    env.update(COMMON_ENV)
+    env = dict(COMMON_ENV)
+    env.update(_profile(settings.model).env)
     env = {k: v for k, v in env.items() if k not in os.environ}
     env["LIVELOOP_ADMIN_KEY"] = admin_key
     return env
