@@ -37,6 +37,7 @@ test: lint typecheck pytest
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/judge.py
+	$(BIN)/python bench/swap.py
 
 clean:
 	rm -rf $(VENV) .liveloop .pytest_cache .mypy_cache .ruff_cache
