@@ -87,6 +87,38 @@ class StatsReader:
         self.client.close()
 
 
+def scrape_counts(url: str, wanted: dict[str, tuple[str, dict[str, str]]]) -> dict[str, float]:
+    """Selected samples from a Prometheus /metrics page: label -> value (missing ones absent)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url, timeout=1.0).text
+    except httpx.HTTPError:
+        return {}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for label, (name, labels) in wanted.items():
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    found[label] = found.get(label, 0.0) + sample.value
+    return found
+
+
+# Why nothing is training yet: turns that never become training data, by reason.
+NOT_TRAINED = {
+    "judge": {
+        "side turns (never trained)": ("liveloop_prm_turns_total", {"outcome": "side"}),
+        "unjudged (no next state)": ("liveloop_prm_turns_total", {"outcome": "unscored"}),
+    },
+    "collect": {
+        "dropped as stale": ("liveloop_collector_dropped_turns_total", {"reason": "stale"}),
+    },
+}
+
+
 class LiveView:
     """A rich live table of the loops; prints nothing when quiet."""
 
@@ -130,6 +162,14 @@ class LiveView:
         if self._live is not None:
             self._live.update(self._render())
 
+    def _not_trained_rows(self) -> list[tuple[str, str]]:
+        rows = []
+        for loop, wanted in NOT_TRAINED.items():
+            url = self.supervisor.metrics_url(loop)
+            counts = scrape_counts(url, wanted) if url else {}
+            rows += [(label, f"{counts.get(label, 0):.0f}") for label in wanted]
+        return rows
+
     def _render(self) -> Any:
         from rich.table import Table
 
@@ -148,6 +188,7 @@ class LiveView:
             ("dead letters", str(snap.dead_letters)),
         ]
         rows += list(self.extra.items())
+        rows += self._not_trained_rows()
         for loop in self.supervisor.loops:
             state = "up" if loop.alive else f"down (exit {loop.last_exit})"
             rows.append((f"loop {loop.name}", f"{state}, restarts {loop.restarts}"))

@@ -97,6 +97,16 @@ class Supervisor:
         host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "::") else self.settings.host
         return f"http://{host}:{self.settings.port}"
 
+    def metrics_port(self, loop: str) -> int:
+        """Port of a loop's /metrics: the server's own port, then +2, +3, +4."""
+        return self.settings.port + (0 if loop == "serve" else 1 + LOOPS.index(loop))
+
+    def metrics_url(self, loop: str) -> str | None:
+        """URL of a supervised loop's /metrics, or None if that loop is not run here."""
+        if loop not in self.loop_names:
+            return None
+        return self.base_url.rsplit(":", 1)[0] + f":{self.metrics_port(loop)}/metrics"
+
     def _argv(self, loop: str) -> list[str]:
         s = self.settings
         argv = [sys.executable, "-m", "liveloop.cli", loop, "--model", s.model]
@@ -106,7 +116,7 @@ class Supervisor:
         if self.config_file is not None:
             argv += ["--config", str(self.config_file)]
         if loop != "serve":
-            argv += ["--metrics-port", str(s.port + 1 + LOOPS.index(loop))]
+            argv += ["--metrics-port", str(self.metrics_port(loop))]
         return argv
 
     def start(self) -> None:
