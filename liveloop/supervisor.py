@@ -164,15 +164,16 @@ class Supervisor:
                     events.append(f"{loop.name} restarted")
         return events
 
-    def stop(self) -> None:
-        """SIGTERM every loop, wait, SIGKILL stragglers, then stop Valkey."""
+    def stop_loops(self, names: tuple[str, ...] = LOOPS, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the named loops, wait for them, SIGKILL stragglers; they stay stopped."""
         with self._lock:
-            self._stopping = True
-            for loop in self.loops:
+            stopping = [loop for loop in self.loops if loop.name in names]
+            self.loops = [loop for loop in self.loops if loop.name not in names]
+            for loop in stopping:
                 if loop.alive and loop.process is not None:
                     loop.process.terminate()
-            deadline = time.monotonic() + STOP_GRACE_S
-            for loop in self.loops:
+            deadline = time.monotonic() + grace_s
+            for loop in stopping:
                 if loop.process is None:
                     continue
                 try:
@@ -180,6 +181,11 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     loop.process.kill()
                     loop.process.wait()
+
+    def stop(self) -> None:
+        """Stop every loop, then Valkey."""
+        self._stopping = True
+        self.stop_loops()
         if self.valkey is not None:
             self.valkey.stop()
 

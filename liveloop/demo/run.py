@@ -218,9 +218,7 @@ def _compare_versions(
     settings: LiveLoopSettings,
 ) -> dict[str, Any]:
     """Freeze training, then held-out users on version 0 and on the final version."""
-    for loop in supervisor.loops:
-        if loop.name != "serve" and loop.process is not None:
-            loop.process.terminate()
+    supervisor.stop_loops(("judge", "collect", "train"))  # no announcement may follow a rollback
     latest = _latest_checkpoint(supervisor.redis_url)
     result: dict[str, Any] = {}
     candidates = [("version 0", 0, base_dir)]
