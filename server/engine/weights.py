@@ -43,6 +43,21 @@ class WeightSpec:
         self._group_names: dict[int, list[str]] = {}
         for name, slot in self._slots.items():
             self._group_names.setdefault(slot.group, []).append(name)
+        self._make_writable_in_memory()
+
+    def _make_writable_in_memory(self) -> None:
+        """Write every weight once, at start-up, so the first live swap is a plain copy.
+
+        Weights loaded from safetensors on CPU are memory-mapped copy-on-write pages; the
+        first in-place write into them faults every page in (about 0.4 s for 135M
+        parameters here, against 0.05 s for later copies). Multiplying by one in place
+        changes no value (not even the sign of a zero) but pays that cost before serving.
+        """
+        with torch.no_grad():
+            for names in self._group_names.values():
+                target = self._targets[names[0]]
+                if target.device.type == "cpu" and target.is_floating_point():
+                    target.mul_(1)
 
     def validate(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Raise WeightValidationError naming the first problem; the model is not touched."""
