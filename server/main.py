@@ -40,6 +40,10 @@ def run(settings: LiveLoopSettings) -> None:
     """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError."""
     if settings.redis_url is None:
         raise ConfigError("serve needs a Redis URL: --redis-url or LIVELOOP_REDIS_URL")
+    if settings.server.engine != "torch":
+        raise ConfigError(
+            f"server.engine: {settings.server.engine!r} is not available yet; use 'torch'"
+        )
     sock = bind_socket(settings.host, settings.port)
     try:
         connect_sync(settings.redis_url).close()

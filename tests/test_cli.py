@@ -77,3 +77,9 @@ def test_unreachable_redis_is_one_line(command: str, tmp_path: Path) -> None:
         "tiny-random",
     )
     assert_one_line_error(proc, "cannot reach Redis")
+
+
+def test_unavailable_engine_is_refused_not_ignored(redis_url: str, tmp_path: Path) -> None:
+    env = dict(os.environ, LIVELOOP_SERVER__ENGINE="sglang")
+    proc = run_cli("serve", "--redis-url", redis_url, "--data-dir", str(tmp_path), env=env)
+    assert_one_line_error(proc, "server.engine: 'sglang' is not available yet")

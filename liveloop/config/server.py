@@ -11,7 +11,9 @@ class ServerConfig(Section):
     """HTTP server, engine and trace capture settings."""
 
     engine: Literal["torch", "sglang"] = Field(
-        "torch", description="Generation engine: embedded torch engine or SGLang gateway."
+        "torch",
+        description="Generation engine: the embedded torch engine ('sglang', a gateway to "
+        "SGLang servers, is planned and refused at start-up for now).",
     )
     device: str = Field("cpu", description="Torch device for the embedded engine ('cpu', 'cuda').")
     max_batch_size: int = Field(
