@@ -231,13 +231,16 @@ def _compare_versions(
 
 
 def run_eval(settings: LiveLoopSettings, *, version: int | None) -> None:
-    """Held-out users against one policy version (default: the latest), not recorded."""
+    """Held-out users against one policy version (default: the latest; 0 = the base model)."""
     from liveloop.models import resolve_model_dir
     from liveloop.registry import Registry
 
     registry = Registry.open(settings.effective_db_url)
     try:
-        info = registry.get_model_version(version) if version else registry.latest_model_version()
+        if version is None:
+            info = registry.latest_model_version()
+        else:
+            info = registry.get_model_version(version) if version > 0 else None
     finally:
         registry.close()
     if version and info is None:
