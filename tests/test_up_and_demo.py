@@ -107,3 +107,16 @@ def test_demo_on_tiny_random_learns_within_three_minutes(tmp_path: Path) -> None
     assert report["reward_last_window"] - report["reward_first_window"] >= 0.3, report
     held_out = report["eval"]
     assert "version 0" in held_out and any("final" in k for k in held_out)
+
+
+@pytest.mark.slow
+def test_eval_runs_held_out_users_against_one_version(tmp_path: Path) -> None:
+    base = [*CLI, "eval", "--model", "tiny-random", "--data-dir", str(tmp_path)]
+    missing = subprocess.run([*base, "--version", "7"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "policy version 7 is not in the registry" in missing.stderr
+    done = subprocess.run([*base, "--version", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout[done.stdout.index("{") :])
+    assert result["version"] == 0
+    assert result["turns"] == 24  # 6 held-out users x 4 answers each
+    assert -1.0 <= result["mean_reward"] <= 1.0
