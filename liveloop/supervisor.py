@@ -8,8 +8,6 @@ stops everything within seconds.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -21,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liveloop.config import LiveLoopSettings
-from liveloop.valkey import EmbeddedValkey
+from liveloop.valkey import EmbeddedValkey, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +28,8 @@ STOP_GRACE_S = 8.0
 MAX_BACKOFF_S = 30.0
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+def _child_setup() -> None:  # runs in the child between fork and exec
+    die_with_parent()
     os.setpgrp()  # a terminal Ctrl-C reaches the supervisor only; it stops children in order
 
 
@@ -60,7 +57,7 @@ class LoopProcess:
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_child_setup,
             )
         self.started_at = time.monotonic()
 

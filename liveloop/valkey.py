@@ -45,7 +45,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (Linux; a no-op elsewhere).
+
+    Meant as (part of) a `preexec_fn`: it runs in the child between fork and exec.
+    """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -82,7 +86,7 @@ class EmbeddedValkey:
                 args,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
             if self._wait_ready(timeout_s):
                 log.info("embedded Valkey on %s (data in %s)", self.url, self.data_dir)
