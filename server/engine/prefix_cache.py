@@ -20,12 +20,29 @@ import torch
 
 from server.engine.forward import Prefill
 
+BLOCK_TOKENS = 16
+
+
+def block_keys(tokens: list[int]) -> list[int]:
+    """A chain hash of every whole `BLOCK_TOKENS` block: `keys[i]` covers blocks 0..i.
+
+    Equal keys mean equal prefixes up to a hash collision, which lookups rule out by an
+    exact comparison with the entry they found.
+    """
+    keys: list[int] = []
+    key = 0
+    for start in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+        key = hash((key, *tokens[start : start + BLOCK_TOKENS]))
+        keys.append(key)
+    return keys
+
 
 @dataclass(eq=False)
 class _Entry:
     tokens: torch.Tensor  # long [L], on the CPU
     keys: list[torch.Tensor]  # per layer [1, kv_heads, >=L, head_dim]
     values: list[torch.Tensor]
+    blocks: list[int]  # block_keys of the tokens
 
     def common_prefix(self, other: torch.Tensor) -> int:
         """Length of the longest common prefix of this entry's tokens and `other`."""
@@ -37,11 +54,19 @@ class _Entry:
 
 
 class PrefixCache:
-    """An LRU store of per-layer keys/values indexed by the token sequence they encode."""
+    """An LRU store of per-layer keys/values indexed by the token sequence they encode.
+
+    Entries are found through a hash index of their whole 16-token blocks, so a lookup
+    or an insert costs a few dictionary probes and one exact comparison, however many
+    entries there are (a linear scan cost milliseconds per request with ~100 entries).
+    Prefixes shorter than one block are not reused.
+    """
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max(0, max_tokens)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._by_block: dict[int, dict[int, None]] = {}  # block key -> ids, oldest first
+        self._by_last_block: dict[int, dict[int, None]] = {}  # an entry's last block key
         self._next_id = 0
         self._tokens = 0
         self._lock = threading.Lock()
@@ -51,11 +76,27 @@ class PrefixCache:
         """Tokens held over all entries."""
         return self._tokens
 
+    @property
+    def num_entries(self) -> int:
+        """Entries held."""
+        return len(self._entries)
+
     def clear(self) -> None:
         """Forget every entry (after a weight swap they are stale)."""
         with self._lock:
             self._entries.clear()
+            self._by_block.clear()
+            self._by_last_block.clear()
             self._tokens = 0
+
+    def _longest(self, blocks: list[int], tokens: torch.Tensor) -> tuple[int, int]:
+        """(entry id, common prefix length) of the entry sharing most whole blocks."""
+        for key in reversed(blocks):
+            ids = self._by_block.get(key)
+            if ids:
+                entry_id = next(reversed(ids))
+                return entry_id, self._entries[entry_id].common_prefix(tokens)
+        return -1, 0
 
     def seed(self, state: Prefill) -> int:
         """Copy the longest cached prefix of a fresh prefill's prompt into it; returns its length.
@@ -64,13 +105,10 @@ class PrefixCache:
         """
         if not self.max_tokens or state.done:
             return 0
-        prompt = torch.tensor(state.token_ids[:-1], dtype=torch.long)
+        ids = state.token_ids[:-1]
+        prompt = torch.tensor(ids, dtype=torch.long)
         with self._lock:
-            best_id, best = -1, 0
-            for entry_id, entry in self._entries.items():
-                n = entry.common_prefix(prompt)
-                if n > best:
-                    best_id, best = entry_id, n
+            best_id, best = self._longest(block_keys(ids), prompt)
             if not best:
                 return 0
             entry = self._entries[best_id]
@@ -91,21 +129,43 @@ class PrefixCache:
         """
         if not tokens or len(tokens) > self.max_tokens:
             return
-        new = _Entry(torch.tensor(tokens, dtype=torch.long), keys, values)
+        new = _Entry(torch.tensor(tokens, dtype=torch.long), keys, values, block_keys(tokens))
+        if not new.blocks:
+            return
         with self._lock:
-            for entry_id, entry in list(self._entries.items()):
-                shared = entry.common_prefix(new.tokens)
-                if shared == len(new.tokens):  # already covered by a longer or equal entry
-                    self._entries.move_to_end(entry_id)
-                    return
-                if shared == len(entry.tokens):  # superseded by the new, longer entry
-                    self._drop(entry_id)
-            self._entries[self._next_id] = new
+            covering, shared = self._longest(new.blocks[-1:], new.tokens)
+            if shared == len(tokens):  # already covered by a longer or equal entry
+                self._entries.move_to_end(covering)
+                return
+            self._drop_superseded(new)
+            entry_id = self._next_id
             self._next_id += 1
+            self._entries[entry_id] = new
+            for key in new.blocks:
+                self._by_block.setdefault(key, {})[entry_id] = None
+            self._by_last_block.setdefault(new.blocks[-1], {})[entry_id] = None
             self._tokens += len(tokens)
             while self._tokens > self.max_tokens:
                 self._drop(next(iter(self._entries)))
 
+    def _drop_superseded(self, new: _Entry) -> None:
+        """Drop entries whose tokens are a prefix of the new entry's (it covers them)."""
+        candidates = {i for key in new.blocks for i in self._by_last_block.get(key, ())}
+        for entry_id in candidates:
+            entry = self._entries[entry_id]
+            if len(entry.tokens) <= len(new.tokens) and (
+                entry.common_prefix(new.tokens) == len(entry.tokens)
+            ):
+                self._drop(entry_id)
+
     def _drop(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
         self._tokens -= len(entry.tokens)
+        for index, key in [(self._by_block, k) for k in entry.blocks] + [
+            (self._by_last_block, entry.blocks[-1])
+        ]:
+            ids = index.get(key)
+            if ids is not None:
+                ids.pop(entry_id, None)
+                if not ids:
+                    del index[key]

@@ -8,7 +8,7 @@ across threads.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,52 @@ class Swap:
     version: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[float]
+
+
+class RequestStream:
+    """The async iterator `generate()` returns: one request's tokens as they are sampled.
+
+    The request is queued when this is created, not when iteration starts (so the decode
+    thread can prefill while the caller still sends headers or talks to Redis). Closing it
+    (`aclose()`), cancelling the task that reads it, or dropping it unfinished, cancels the
+    request and frees its slot.
+    """
+
+    def __init__(self, request: Request, cancel: Callable[[Request], None]) -> None:
+        self._request = request
+        self._cancel = cancel
+        self._ended = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenOutput:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            item = await self._request.queue.get()
+        except BaseException:  # the consuming task was cancelled
+            self.close()
+            raise
+        if isinstance(item, Exception):
+            self._ended = True
+            raise item
+        if item.finish_reason is not None:
+            self._ended = True
+        return item
+
+    async def aclose(self) -> None:
+        """Stop reading; an unfinished request leaves the engine at once."""
+        self.close()
+
+    def close(self) -> None:
+        """Synchronous `aclose()`."""
+        self._ended = True
+        if not self._request.done and not self._request.cancelled:
+            self._cancel(self._request)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def put_all(

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from server.engine.prefix_cache import PrefixCache
 from server.engine.sampling import Sampled, sample_batch
 from server.engine.state import (
     Request,
+    RequestStream,
     Swap,
     check_request,
     default_max_len,
@@ -173,29 +174,20 @@ class TorchEngine:
     # ----------------------------------------------------------------- requests
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncGenerator[TokenOutput, None]:
-        """Stream a completion's tokens; the request joins the batch when iteration starts.
+    ) -> RequestStream:
+        """Queue a completion at once and stream its tokens (call from the consumer's loop).
 
         Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
-        iterator early (`aclose()`, `contextlib.aclosing`, the consuming task cancelled)
-        removes the request from the batch at once; a plain `break` leaves that to garbage
-        collection (asyncio then closes the iterator soon after).
+        stream early (`aclose()`, or dropping it) removes the request from the batch at once.
         """
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self._max_model_len)
-        if not self.is_running:
-            raise EngineError("engine is not running")
-        return self._stream(prompt, params, request_id or uuid.uuid4().hex)
-
-    async def _stream(
-        self, prompt: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncGenerator[TokenOutput, None]:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self._runner.device)
             generator.manual_seed(params.seed)
         req = Request(
-            request_id=request_id,
+            request_id=request_id or uuid.uuid4().hex,
             prompt=prompt,
             params=params,
             loop=asyncio.get_running_loop(),
@@ -210,17 +202,7 @@ class TorchEngine:
                 raise EngineError("engine is not running")
             self._waiting.append(req)
             self._cond.notify()
-        try:
-            while True:
-                item = await req.queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            if not req.done:
-                self._cancel(req)
+        return RequestStream(req, self._cancel)
 
     def _cancel(self, req: Request) -> None:
         with self._cond:
