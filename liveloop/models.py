@@ -231,6 +231,17 @@ def _download_hub(repo_id: str) -> Path:
         raise ModelLoadError(f"cannot fetch {repo_id!r} from the hub: {exc}") from None
 
 
+def load_tokenizer(spec: str) -> Any:
+    """Resolve a model spec and load only its tokenizer (the engine worker holds the weights)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_dir(spec)
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # tokenizers and transformers raise many types
+        raise ModelLoadError(f"cannot load the tokenizer from {path}: {exc}") from None
+
+
 def load_model(spec: str, device: str = "cpu", dtype: torch.dtype | None = None) -> LoadedModel:
     """Resolve and load a causal LM (fp32 by default) and its tokenizer."""
     import torch

@@ -1,7 +1,8 @@
 """The FastAPI app factory of the serving loop.
 
 `create_app(settings)` builds the app; its lifespan owns everything with a life cycle: the
-model and the torch engine, the Redis client (sessions, feedback), the trace writer
+engine (a worker process, or a TorchEngine thread with `server.engine_process` off), the
+Redis client (sessions, feedback), the trace writer
 (turn records) and the weight follower (hot-swaps). Routers stay thin and reach these
 through `app.state.liveloop` (a `ServerState`).
 """
@@ -25,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from liveloop.bus import BusUnavailable
 from liveloop.config import ConfigError, LiveLoopSettings
-from liveloop.models import ALIASES, LoadedModel, load_model
+from liveloop.models import ALIASES, LoadedModel, load_model, load_tokenizer
 from server.api import admin, feedback, health, models
 from server.api.chat import api_router as chat_router
 from server.api.chat.serving import ChatService
@@ -75,6 +76,7 @@ class ServerState:
     registry: CollectorRegistry
     metrics: ServerMetrics
     preloaded: LoadedModel | None = None
+    spawned: Any = None  # an EngineProcess already started by `liveloop serve`
     model_name: str = ""
     started_at: float = field(default_factory=time.time)
     capture: bool = True
@@ -101,15 +103,11 @@ class ServerState:
         self.capture = cfg.trace_capture
         self.redis = await connect_redis(self.settings.redis_url)
         self._closers.append(self.redis.aclose)
-        loaded = self.preloaded
-        if loaded is None:
-            loaded = await asyncio.to_thread(load_model, self.settings.model, cfg.device)
-        self.preloaded = None
         self.model_name = served_model_name(self.settings.model)
-        await self._start_engine(loaded)
+        tokenizer = await self._start_engine()
         await self._start_companions(self.settings.redis_url)
         self.sessions = SessionStore(self.redis, cfg.session_ttl_s)
-        self.chat = self._chat_service(loaded, ChatTemplate(loaded.tokenizer))
+        self.chat = self._chat_service(tokenizer, ChatTemplate(tokenizer))
         self.metrics.bind(
             running=lambda: float(self.engine.num_running),
             queued=lambda: float(self.engine.num_waiting),
@@ -118,13 +116,29 @@ class ServerState:
         )
         self.ready = True
         log.info(
-            "serving %s (policy v%d) on the torch engine", self.model_name, self.engine.version
+            "serving %s (policy v%d) on the torch engine%s",
+            self.model_name,
+            self.engine.version,
+            " (worker process)" if cfg.engine_process else "",
         )
 
-    async def _start_engine(self, loaded: LoadedModel) -> None:
+    async def _start_engine(self) -> Any:
+        """Start the engine; returns the tokenizer the server renders prompts with."""
+        cfg = self.settings.server
+        if cfg.engine_process:
+            from server.engine.process import EngineOptions, EngineProcess
+
+            self.engine = self.spawned or EngineProcess(EngineOptions.from_settings(self.settings))
+            self.spawned = None
+            self._closers.append(self.engine.stop)
+            await self.engine.start()
+            return await asyncio.to_thread(load_tokenizer, self.settings.model)
         from server.engine import TorchEngine
 
-        cfg = self.settings.server
+        loaded = self.preloaded
+        if loaded is None:
+            loaded = await asyncio.to_thread(load_model, self.settings.model, cfg.device)
+        self.preloaded = None
         self.engine = TorchEngine(
             loaded.model,
             loaded.tokenizer,
@@ -134,6 +148,7 @@ class ServerState:
         )
         await self.engine.start()
         self._closers.append(self.engine.stop)
+        return loaded.tokenizer
 
     async def _start_companions(self, redis_url: str) -> None:
         """The trace writer (turn records) and the weight follower (hot-swaps)."""
@@ -148,10 +163,10 @@ class ServerState:
         await self.follower.start()
         self._closers.append(self.follower.stop)
 
-    def _chat_service(self, loaded: LoadedModel, template: Any) -> ChatService:
+    def _chat_service(self, tokenizer: Any, template: Any) -> ChatService:
         return ChatService(
             engine=self.engine,
-            tokenizer=loaded.tokenizer,
+            tokenizer=tokenizer,
             template=template,
             sessions=self.sessions,
             submit_turn=self.traces.submit,
@@ -197,8 +212,11 @@ class PolicyVersionHeader:
         await self.app(scope, receive, send_with_version)
 
 
-def create_app(settings: LiveLoopSettings, model: LoadedModel | None = None) -> FastAPI:
-    """The serving app; `model` (optional) is an already loaded model to serve."""
+def create_app(
+    settings: LiveLoopSettings, model: LoadedModel | None = None, engine: Any = None
+) -> FastAPI:
+    """The serving app; optionally with an already loaded model (thread engine) or an
+    already spawned engine worker (`server.engine_process`)."""
     registry = CollectorRegistry()
     metrics = ServerMetrics(registry)
     state = ServerState(
@@ -207,6 +225,7 @@ def create_app(settings: LiveLoopSettings, model: LoadedModel | None = None) -> 
         registry=registry,
         metrics=metrics,
         preloaded=model,
+        spawned=engine,
     )
 
     @contextlib.asynccontextmanager

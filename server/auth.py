@@ -72,6 +72,24 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials is not None else None
 
 
+def bearer_token(request: Request) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, read the way HTTPBearer does."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def tenant_of(request: Request) -> str:
+    """The caller's tenant (401 on a bad key): `require_tenant` without the HTTPBearer
+    sub-dependency, whose resolution costs more per request than the check itself (see
+    bench/gateway.py). Routes using it declare `BEARER_SECURITY` in their OpenAPI entry.
+    """
+    auth: Authenticator = request.app.state.liveloop.auth
+    return auth.tenant(bearer_token(request))
+
+
+BEARER_SECURITY: list[dict[str, list[str]]] = [{"HTTPBearer": []}]
+
+
 async def require_tenant(
     request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)
 ) -> str:

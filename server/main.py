@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from typing import Any
 
 import uvicorn
 
@@ -36,6 +37,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _engine_or_model(settings: LiveLoopSettings) -> dict[str, Any]:
+    """The started engine worker (or, in-thread, the loaded model) for create_app."""
+    cfg = settings.server
+    if not cfg.engine_process:
+        return {"model": load_model(settings.model, cfg.device)}
+    from server.engine.process import EngineOptions, EngineProcess
+
+    engine = EngineProcess(EngineOptions.from_settings(settings))
+    engine.spawn()  # a model that cannot load ends start-up here, with its reason
+    return {"engine": engine}
+
+
 def run(settings: LiveLoopSettings) -> None:
     """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError."""
     if settings.redis_url is None:
@@ -48,10 +61,9 @@ def run(settings: LiveLoopSettings) -> None:
     try:
         connect_sync(settings.redis_url).close()
         resolve_model_dir(settings.model)  # fails fast, before torch is imported
-        model = load_model(settings.model, settings.server.device)
         from server.app import create_app
 
-        app = create_app(settings, model=model)
+        app = create_app(settings, **_engine_or_model(settings))
         config = uvicorn.Config(
             app,
             log_config=None,

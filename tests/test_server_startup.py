@@ -42,3 +42,13 @@ def test_unreachable_redis(tmp_path: Path) -> None:
 def test_bad_model(valkey_server: EmbeddedValkey, tmp_path: Path) -> None:
     server = ServerProcess(valkey_server.url, tmp_path, model=str(tmp_path / "no-such-model"))
     _one_line_error(_run(server), "no-such-model")
+
+
+def test_model_that_fails_to_load_in_the_engine_worker(
+    valkey_server: EmbeddedValkey, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # resolves as a model dir, cannot load
+    server = ServerProcess(valkey_server.url, tmp_path, model=str(broken))
+    _one_line_error(_run(server), "broken-model")

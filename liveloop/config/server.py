@@ -15,6 +15,12 @@ class ServerConfig(Section):
         description="Generation engine: the embedded torch engine ('sglang', a gateway to "
         "SGLang servers, is planned and refused at start-up for now).",
     )
+    engine_process: bool = Field(
+        True,
+        description="Run the torch engine in a worker process of its own. Off, it runs in a "
+        "thread of the server process, where the HTTP event loop and the decode loop "
+        "compete for one GIL (slower under load; simpler to debug).",
+    )
     device: str = Field("cpu", description="Torch device for the embedded engine ('cpu', 'cuda').")
     max_batch_size: int = Field(
         16, ge=1, le=1024, description="Most sequences decoded together by the torch engine."

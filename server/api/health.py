@@ -21,12 +21,16 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> Response:
     """200 once the engine serves requests; 503 before that and while stopping."""
     state = request.app.state.liveloop
-    body: dict[str, Any] = {"status": "ready" if state.ready else "starting"}
-    if state.ready:
+    engine_down = state.ready and not state.engine.is_running
+    ready = state.ready and not engine_down
+    body: dict[str, Any] = {
+        "status": "ready" if ready else "engine down" if engine_down else "starting"
+    }
+    if ready:
         body["policy_version"] = int(state.engine.version)
         body["model"] = state.model_name
         body["trace_capture"] = state.capture
-    return JSONResponse(body, status_code=200 if state.ready else 503)
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/metrics")

@@ -33,8 +33,8 @@ class Request:
     request_id: str
     prompt: list[int]
     params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenOutput | Exception]
+    loop: asyncio.AbstractEventLoop | None  # None: results go to the engine's output sink
+    queue: asyncio.Queue[TokenOutput | Exception] | None
     generator: torch.Generator | None
     stop_ids: frozenset[int]
     max_new: int
@@ -58,13 +58,15 @@ class RequestStream:
     """The async iterator `generate()` returns: one request's tokens as they are sampled.
 
     The request is queued when this is created, not when iteration starts (so the decode
-    thread can prefill while the caller still sends headers or talks to Redis). Closing it
+    loop can prefill while the caller still sends headers or talks to Redis). Closing it
     (`aclose()`), cancelling the task that reads it, or dropping it unfinished, cancels the
-    request and frees its slot.
+    request (`cancel`, which must be idempotent) and frees its slot.
     """
 
-    def __init__(self, request: Request, cancel: Callable[[Request], None]) -> None:
-        self._request = request
+    def __init__(
+        self, queue: asyncio.Queue[TokenOutput | Exception], cancel: Callable[[], None]
+    ) -> None:
+        self._queue = queue
         self._cancel = cancel
         self._ended = False
 
@@ -75,7 +77,7 @@ class RequestStream:
         if self._ended:
             raise StopAsyncIteration
         try:
-            item = await self._request.queue.get()
+            item = await self._queue.get()
         except BaseException:  # the consuming task was cancelled
             self.close()
             raise
@@ -92,9 +94,9 @@ class RequestStream:
 
     def close(self) -> None:
         """Synchronous `aclose()`."""
-        self._ended = True
-        if not self._request.done and not self._request.cancelled:
-            self._cancel(self._request)
+        if not self._ended:
+            self._ended = True
+            self._cancel()
 
     def __del__(self) -> None:
         self.close()
@@ -183,11 +185,20 @@ def finish_reason(req: Request, token: int, tokenizer: Any) -> tuple[str | None,
     return None, None
 
 
-def deliver(items: list[tuple[Request, TokenOutput | Exception]]) -> None:
-    """Hand items to their consumers' event loops, one callback per loop."""
+OutputSink = Callable[[list[tuple[str, TokenOutput | Exception]]], None]
+
+
+def deliver(
+    items: list[tuple[Request, TokenOutput | Exception]], sink: OutputSink | None = None
+) -> None:
+    """Hand items to their consumers: one callback per event loop, one sink call for the rest."""
     by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+    to_sink: list[tuple[str, TokenOutput | Exception]] = []
     for req, item in items:
-        by_loop.setdefault(req.loop, []).append((req.queue, item))
+        if req.loop is None:
+            to_sink.append((req.request_id, item))
+        else:
+            by_loop.setdefault(req.loop, []).append((req.queue, item))
     for loop, batch in by_loop.items():
         try:
             loop.call_soon_threadsafe(put_all, batch)
@@ -195,3 +206,5 @@ def deliver(items: list[tuple[Request, TokenOutput | Exception]]) -> None:
             for req, _ in items:
                 if req.loop is loop:
                     req.cancelled = True
+    if to_sink and sink is not None:
+        sink(to_sink)

@@ -33,6 +33,7 @@ from server.engine.forward import LlamaRunner, Prefill
 from server.engine.prefix_cache import PrefixCache
 from server.engine.sampling import Sampled, sample_batch
 from server.engine.state import (
+    OutputSink,
     Request,
     RequestStream,
     Swap,
@@ -70,6 +71,7 @@ class TorchEngine:
         version: int = 0,
         prefill_chunk_tokens: int = 512,
         prefix_cache_tokens: int = 8192,
+        output_sink: OutputSink | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -100,6 +102,7 @@ class TorchEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._log = logging.getLogger(__name__)
+        self._sink = output_sink  # where `submit()`ted requests' tokens go (decode thread)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -168,7 +171,7 @@ class TorchEngine:
             self._thread = None
         self._cache.clear()
         self._staging = None
-        deliver([(r, EngineError("engine stopped")) for r in pending])
+        deliver([(r, EngineError("engine stopped")) for r in pending], self._sink)
         await asyncio.to_thread(self._apply_swaps)  # validated swaps that raced with stop()
 
     # ----------------------------------------------------------------- requests
@@ -180,6 +183,34 @@ class TorchEngine:
         Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
         stream early (`aclose()`, or dropping it) removes the request from the batch at once.
         """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
+        req = self._queue_request(prompt_token_ids, params, request_id, loop, queue)
+        return RequestStream(queue, lambda: self._cancel(req))
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> None:
+        """Queue a completion whose tokens go to the `output_sink` (engine worker process)."""
+        if self._sink is None:
+            raise EngineError("submit() needs an engine built with an output_sink")
+        self._queue_request(prompt_token_ids, params, request_id, None, None)
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a `submit()`ted request (a no-op once it has finished)."""
+        with self._cond:
+            req = next(
+                (r for r in (*self._waiting, *self._running) if r.request_id == request_id), None
+            )
+        if req is not None:
+            self._cancel(req)
+
+    def _queue_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None,
+        loop: asyncio.AbstractEventLoop | None,
+        queue: asyncio.Queue[TokenOutput | Exception] | None,
+    ) -> Request:
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self._max_model_len)
         generator = None
@@ -190,8 +221,8 @@ class TorchEngine:
             request_id=request_id or uuid.uuid4().hex,
             prompt=prompt,
             params=params,
-            loop=asyncio.get_running_loop(),
-            queue=asyncio.Queue(),
+            loop=loop,
+            queue=queue,
             generator=generator,
             stop_ids=frozenset(params.stop_token_ids)
             | (frozenset() if params.ignore_eos else self._eos),
@@ -202,9 +233,11 @@ class TorchEngine:
                 raise EngineError("engine is not running")
             self._waiting.append(req)
             self._cond.notify()
-        return RequestStream(req, self._cancel)
+        return req
 
     def _cancel(self, req: Request) -> None:
+        if req.done or req.cancelled:
+            return
         with self._cond:
             req.cancelled = True
             if req in self._waiting:
@@ -220,9 +253,30 @@ class TorchEngine:
         """Check names, shapes, dtypes and finiteness; raise WeightValidationError if bad."""
         self._weights.validate(state_dict)
 
+    async def load_weights(self, path: str, version: int) -> float:
+        """Read a checkpoint directory or file, check it, swap it in; returns the pause (s).
+
+        Raises CheckpointError when the files are unusable or do not fit the model.
+        """
+        from server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
+
+        def read() -> dict[str, torch.Tensor]:
+            state_dict = load_checkpoint_state_dict(path)
+            try:
+                self._weights.validate(state_dict)
+            except Exception as exc:
+                raise CheckpointError(f"checkpoint {path} does not fit the model: {exc}") from exc
+            return state_dict
+
+        state_dict = await asyncio.to_thread(read)
+        return await self._swap_validated(state_dict, version)
+
     async def swap_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
         """Validate, then apply between two decode steps; returns the decode pause (s)."""
         await asyncio.to_thread(self._weights.validate, state_dict)
+        return await self._swap_validated(state_dict, version)
+
+    async def _swap_validated(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
         loop = asyncio.get_running_loop()
         swap = Swap(state_dict, version, loop, loop.create_future())
         with self._cond:
@@ -363,7 +417,7 @@ class TorchEngine:
         self._cache.clear()
         for req in failed:
             req.done = True
-        deliver([(r, EngineError(str(error))) for r in failed])
+        deliver([(r, EngineError(str(error))) for r in failed], self._sink)
 
     def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample each row, record the token, decide whether it ends, hand it out."""
@@ -380,7 +434,7 @@ class TorchEngine:
             except Exception as exc:
                 req.done = True
                 out.append((req, EngineError(f"sampling failed: {exc}")))
-        deliver(out)
+        deliver(out, self._sink)
         self._reap()
 
     def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:

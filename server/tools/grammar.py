@@ -128,10 +128,18 @@ def _call_tag(tool: ToolSpec) -> dict[str, Any]:
 class GrammarConstraint:
     """One sample's grammar state; implements the engine's TokenConstraint protocol."""
 
-    def __init__(self, compiled: xgrammar.CompiledGrammar, compiler: ConstraintCompiler) -> None:
+    def __init__(
+        self,
+        compiled: xgrammar.CompiledGrammar,
+        compiler: ConstraintCompiler,
+        recipe: dict[str, Any] | None = None,
+    ) -> None:
         import torch
         import xgrammar
 
+        # The `build_constraint` arguments that made this grammar: an engine in another
+        # process rebuilds the constraint from them (a matcher cannot be pickled).
+        self.recipe = recipe
         self._matcher = xgrammar.GrammarMatcher(
             compiled, override_stop_tokens=compiler.stop_token_ids or None
         )
@@ -183,15 +191,17 @@ class TokenConstraintFactory:
         compiled: xgrammar.CompiledGrammar,
         compiler: ConstraintCompiler,
         kind: Literal["tool_calls", "json"],
+        recipe: dict[str, Any] | None = None,
     ) -> None:
         self._compiled = compiled
         self._compiler = compiler
         self.kind = kind
+        self.recipe = recipe
         self.stop_token_ids = list(compiler.stop_token_ids)
 
     def new(self) -> GrammarConstraint:
         """A fresh constraint at the start of the output."""
-        return GrammarConstraint(self._compiled, self._compiler)
+        return GrammarConstraint(self._compiled, self._compiler, self.recipe)
 
 
 def build_constraint(
@@ -215,7 +225,14 @@ def build_constraint(
         return None
     param = "tools" if spec.kind == "tool_calls" else "response_format"
     compiler = ConstraintCompiler.for_tokenizer(tokenizer, vocab_size)
-    factory = TokenConstraintFactory(compiler.compile(spec, param), compiler, spec.kind)
+    recipe = {
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "response_format": response_format,
+        "vocab_size": vocab_size,
+        "parallel_tool_calls": parallel_tool_calls,
+    }
+    factory = TokenConstraintFactory(compiler.compile(spec, param), compiler, spec.kind, recipe)
     first = factory.new().allowed_token_mask(compiler.vocab_size)
     first[compiler.stop_token_ids] = False
     if not bool(first.any()):  # xgrammar turns e.g. {"anyOf": []} into the empty output

@@ -1,8 +1,8 @@
 """Following `liveloop:weights` and hot-swapping each new checkpoint into the live engine.
 
-Reading and checking a checkpoint (file I/O, NaN scan, the engine's name/shape/dtype
-check) happens in a worker thread; only the final in-place copy runs in the engine,
-between two decode steps, so requests in flight keep streaming. Every server replica
+The engine reads and checks a checkpoint (file I/O, NaN scan, name/shape/dtype check) off
+its decode loop; only the final in-place copy runs between two decode steps, so requests
+in flight keep streaming. Every server replica
 reads the stream with a plain XREAD (no consumer group): each one must see every
 announcement. A refused checkpoint is logged and counted, and serving goes on with the
 old weights.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aredis
@@ -22,10 +22,7 @@ from pydantic import ValidationError
 
 from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
-from server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
-
-if TYPE_CHECKING:
-    import torch
+from server.traces.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +33,14 @@ LATEST_SCAN = 16
 
 
 class SwappableEngine(Protocol):
-    """What the follower needs from an engine (TorchEngine provides it)."""
+    """What the follower needs from an engine (TorchEngine and EngineProcess provide it)."""
 
     @property
     def version(self) -> int: ...
 
-    def validate_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None: ...
-
-    async def swap_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> float: ...
+    async def load_weights(self, path: str, version: int) -> float:
+        """Read, check and swap in a checkpoint; the decode pause (s), or CheckpointError."""
+        ...
 
 
 class _FollowerMetrics:
@@ -144,12 +141,13 @@ class WeightFollower:
                         f"version {target} is not newer than the serving version {current}"
                     )
                 started = time.perf_counter()
-                state_dict = await asyncio.to_thread(self._read_and_validate, path)
-                self.metrics.load_seconds.observe(time.perf_counter() - started)
                 try:
-                    pause_s = await self.engine.swap_weights(state_dict, target)
+                    pause_s = await self.engine.load_weights(path, target)
+                except CheckpointError:
+                    raise
                 except Exception as exc:
                     raise CheckpointError(f"the engine refused {path}: {exc}") from exc
+                self.metrics.load_seconds.observe(time.perf_counter() - started - pause_s)
             except CheckpointError as exc:
                 self._record_refusal(path, target, exc)
                 raise
@@ -167,15 +165,6 @@ class WeightFollower:
                 "serving policy version %d from %s (paused %.1f ms)", target, path, pause_s * 1e3
             )
             return target
-
-    def _read_and_validate(self, path: str) -> dict[str, torch.Tensor]:
-        """Worker thread: read the files, then the engine's name/shape/dtype check."""
-        state_dict = load_checkpoint_state_dict(path)
-        try:
-            self.engine.validate_state_dict(state_dict)
-        except Exception as exc:
-            raise CheckpointError(f"checkpoint {path} does not fit the model: {exc}") from exc
-        return state_dict
 
     def _record_refusal(self, path: str, version: int, exc: Exception) -> None:
         self.metrics.swaps.labels("refused").inc()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.api.chat.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse
@@ -14,7 +14,7 @@ from server.api.chat.serving import RequestContext
 from server.api.chat.streaming import stream_response
 from server.api.deps import get_state
 from server.api.errors import bad_request
-from server.auth import require_tenant
+from server.auth import BEARER_SECURITY, tenant_of
 
 router = APIRouter(tags=["chat"])
 
@@ -55,6 +55,31 @@ def _turn_type(header: str | None) -> str:
     return value
 
 
+HEADERS: list[dict[str, Any]] = [
+    {
+        "name": "X-Session-Id",
+        "in": "header",
+        "required": False,
+        "description": "Session this turn belongs to.",
+        "schema": {"type": "string", "pattern": SESSION_ID.pattern},
+    },
+    {
+        "name": "X-Turn-Type",
+        "in": "header",
+        "required": False,
+        "description": "'main' (default) or 'side' (never trained on).",
+        "schema": {"type": "string", "enum": ["main", "side"]},
+    },
+    {
+        "name": "X-LiveLoop-Train",
+        "in": "header",
+        "required": False,
+        "description": "'false': do not record this request at all.",
+        "schema": {"type": "string", "enum": ["true", "false"]},
+    },
+]
+
+
 @router.post(
     "/v1/chat/completions",
     response_model=ChatCompletionResponse,
@@ -62,35 +87,24 @@ def _turn_type(header: str | None) -> str:
         200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
         **ERRORS,
     },
+    # Headers and auth are read directly (documented here): FastAPI's per-parameter
+    # dependency resolution was a measurable share of the server's time per request.
+    openapi_extra={"parameters": HEADERS, "security": BEARER_SECURITY},
 )
 async def create_chat_completion(
     body: ChatCompletionRequest,
     request: Request,
-    tenant: str = Depends(require_tenant),
-    x_session_id: str | None = Header(
-        None,
-        description="Session this turn belongs to.",
-        json_schema_extra={"pattern": SESSION_ID.pattern},
-    ),
-    x_turn_type: str | None = Header(
-        None,
-        description="'main' (default) or 'side' (never trained on).",
-        json_schema_extra={"enum": ["main", "side"]},
-    ),
-    x_liveloop_train: str | None = Header(
-        None,
-        description="'false': do not record this request at all.",
-        json_schema_extra={"enum": ["true", "false"]},
-    ),
+    tenant: Annotated[str, Depends(tenant_of)],  # runs before the body is validated
 ) -> Response:
     """Create a chat completion (streamed as SSE with `stream: true`)."""
     arrival = time.perf_counter()
     state = get_state(request)
+    headers = request.headers
     ctx = RequestContext(
         tenant=tenant,
-        session_id=_session_id(x_session_id, body),
-        turn_type="side" if _turn_type(x_turn_type) == "side" else "main",
-        record=_train_flag(x_liveloop_train),
+        session_id=_session_id(headers.get("x-session-id"), body),
+        turn_type="side" if _turn_type(headers.get("x-turn-type")) == "side" else "main",
+        record=_train_flag(headers.get("x-liveloop-train")),
         arrival=arrival,
     )
     prep = await state.chat.prepare(body, ctx)

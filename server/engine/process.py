@@ -1,0 +1,307 @@
+"""The torch engine in a worker process of its own, behind the engine interface the server uses.
+
+Why: the HTTP event loop and the decode loop are both Python. In one process they share
+one GIL, so every SSE event the server writes delays the next decode step, and a decode
+step delays the parsing of the next request: on a 2-core box at 32 streams that cost
+~15% of tokens/s and tens of milliseconds of time to first token (bench/gateway.py). In a
+worker process (`server.engine.worker`) the decode loop has an interpreter to itself; the
+server exchanges small pickled messages with it over a socket pair: requests and
+cancellations one way, one message per decode step with every request's new token the
+other way.
+
+Request validation that needs the model (prompt length, token ids, sampling values)
+happens here, up front, exactly as in TorchEngine, so bad input is still refused before
+anything is sent. If the worker dies, every open request fails with EngineError (503) and
+readiness turns false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from liveloop.models import ModelLoadError
+from liveloop.valkey import die_with_parent
+from server.engine.state import RequestStream, check_request
+from server.engine.types import EngineError, EngineStats, SamplingParams, TokenOutput
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0  # loading (or first converting) a model can take minutes
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the worker needs to build its TorchEngine."""
+
+    model: str
+    device: str = "cpu"
+    max_batch_size: int = 16
+    max_model_len: int | None = None
+    torch_threads: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> EngineOptions:
+        """The options of a `LiveLoopSettings` (model and `server` section)."""
+        cfg = settings.server
+        return cls(
+            model=settings.model,
+            device=cfg.device,
+            max_batch_size=cfg.max_batch_size,
+            max_model_len=cfg.max_model_len,
+        )
+
+
+class EngineProcess:
+    """A TorchEngine in a child process; `generate`, `load_weights` and the counters as usual.
+
+    `spawn()` (blocking: start the worker and wait until its model is loaded) may run
+    before the event loop exists, so a model that cannot load fails start-up with one line;
+    `start()` then attaches the socket to the running loop.
+    """
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._info: dict[str, Any] = {}
+        self._streams: dict[str, asyncio.Queue[TokenOutput | Exception]] = {}
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = 0
+        self._waiting = 0
+        self._alive = False
+        self._stopping = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def spawn(self) -> None:
+        """Start the worker and wait for its model; ModelLoadError with the reason if not."""
+        self._launch()
+        self._await_hello()
+
+    async def start(self) -> None:
+        """Spawn if needed (waiting off the loop), then read the worker's messages here."""
+        if self._proc is None:
+            self._launch()  # on this thread: the worker dies with the thread that started it
+            await asyncio.to_thread(self._await_hello)
+        if self._loop is None:
+            assert self._conn is not None
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._conn.fileno(), self._on_readable)
+
+    def _launch(self) -> None:
+        if self._proc is not None:
+            return
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        # Idle OpenMP workers sleep instead of spinning, leaving the CPU to the HTTP server.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        cmd = [sys.executable, "-m", "server.engine.worker", str(theirs.fileno())]
+        self._proc = subprocess.Popen(
+            [*cmd, json.dumps(self.options.__dict__)],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            preexec_fn=die_with_parent,
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+
+    def _await_hello(self) -> None:
+        if self._alive:
+            return
+        assert self._conn is not None and self._proc is not None
+        try:
+            if not self._conn.poll(START_TIMEOUT_S):
+                raise ModelLoadError("the engine worker did not start in time")
+            kind, payload = self._conn.recv()
+        except (EOFError, OSError):
+            kind, payload = "failed", f"the engine worker exited (code {self._proc.wait()})"
+        except ModelLoadError as exc:
+            kind, payload = "failed", str(exc)
+        if kind != "hello":
+            self._kill()
+            raise ModelLoadError(str(payload))
+        self._info = payload
+        self._alive = True
+
+    async def stop(self) -> None:
+        """Stop the worker (open requests fail with EngineError)."""
+        proc, conn = self._proc, self._conn
+        if proc is None or conn is None:
+            return
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            conn.send(("stop",))
+        try:
+            await asyncio.to_thread(proc.wait, STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the engine worker did not stop in %.0fs; killing it", STOP_TIMEOUT_S)
+        self._lost("engine stopped")
+        self._kill()
+
+    def _kill(self) -> None:
+        if self._loop is not None and self._conn is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(self._conn.fileno())
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn, self._loop = None, None, None
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def version(self) -> int:
+        """Policy version of the weights being served."""
+        return int(self._info.get("version", 0))
+
+    @property
+    def max_model_len(self) -> int:
+        """Context window in tokens."""
+        return int(self._info["max_model_len"])
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the model's logits."""
+        return int(self._info["vocab_size"])
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end a request unless `ignore_eos` is set."""
+        return frozenset(self._info["eos_token_ids"])
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the decode batch (as of the worker's last message)."""
+        return self._running
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for a batch slot (as of the worker's last message)."""
+        return self._waiting
+
+    @property
+    def is_running(self) -> bool:
+        """True while the worker is up."""
+        return self._alive and self._loop is not None
+
+    @property
+    def stats(self) -> EngineStats:
+        """Decode-loop counters are kept in the worker; not reported across the process."""
+        return EngineStats()
+
+    # ----------------------------------------------------------------- requests
+    def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> RequestStream:
+        """Queue a completion at once and stream its tokens (see TorchEngine.generate)."""
+        prompt = [int(t) for t in prompt_token_ids]
+        check_request(prompt, params, self.vocab_size, self.max_model_len)
+        recipe = None
+        if params.constraint is not None:
+            recipe = getattr(params.constraint, "recipe", None)
+            if recipe is None:
+                raise EngineError("this output constraint cannot be sent to the engine worker")
+            params = replace(params, constraint=None)
+        if not self.is_running:
+            raise EngineError("engine is not running")
+        rid = request_id or uuid.uuid4().hex
+        queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
+        self._streams[rid] = queue
+        self._send(("add", rid, prompt, params, recipe))
+        return RequestStream(queue, lambda: self._cancel(rid))
+
+    def _cancel(self, rid: str) -> None:
+        if self._streams.pop(rid, None) is not None and self.is_running:
+            self._send(("cancel", rid))
+
+    def clear_prefix_cache(self) -> None:
+        """Forget the worker's cached prompt keys/values."""
+        self._send(("clear_prefix_cache",))
+
+    async def load_weights(self, path: str, version: int) -> float:
+        """Have the worker read, check and swap in a checkpoint; returns the decode pause (s)."""
+        if not self.is_running or self._loop is None:
+            raise EngineError("engine is not running")
+        call_id = next(self._call_ids)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._calls[call_id] = future
+        self._send(("load", call_id, str(path), int(version)))
+        pause = await future
+        self._info["version"] = int(version)
+        return float(pause)
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self._conn is None:
+            raise EngineError("engine is not running")
+        try:
+            self._conn.send(message)
+        except OSError as exc:
+            self._lost(f"the engine worker is gone ({exc})")
+            raise EngineError("engine is not running") from None
+
+    # ----------------------------------------------------------------- worker messages
+    def _on_readable(self) -> None:
+        conn = self._conn
+        try:
+            while conn is not None and conn.poll():
+                self._dispatch(conn.recv())
+        except (EOFError, OSError):
+            if not self._stopping:
+                code = self._proc.poll() if self._proc is not None else None
+                log.error("the engine worker exited (code %s); requests now get 503", code)
+            self._lost("the engine worker exited")
+            if self._loop is not None and conn is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    self._loop.remove_reader(conn.fileno())
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "out":
+            _, items, self._running, self._waiting = message
+            for rid, item in items:
+                queue = self._streams.get(rid)
+                if queue is None:
+                    continue
+                if isinstance(item, Exception):
+                    del self._streams[rid]
+                    queue.put_nowait(item)
+                    continue
+                out = TokenOutput(*item)
+                if out.finish_reason is not None:
+                    del self._streams[rid]
+                queue.put_nowait(out)
+        elif kind == "reply":
+            future = self._calls.pop(message[1], None)
+            if future is not None and not future.done():
+                result = message[2]
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    def _lost(self, reason: str) -> None:
+        """Fail everything open: the worker will not answer any more."""
+        self._alive = False
+        streams, self._streams = self._streams, {}
+        for queue in streams.values():
+            queue.put_nowait(EngineError(reason))
+        calls, self._calls = self._calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(EngineError(reason))
+        self._running = self._waiting = 0

@@ -1,0 +1,190 @@
+"""The engine worker process: a TorchEngine driven over a socket by `EngineProcess`.
+
+Started as `python -m server.engine.worker <fd> <options json>` with one end of a socket
+pair as `fd`. It loads the model, answers `("hello", info)` (or `("failed", reason)`),
+then serves commands until told to stop or until the server's end of the socket closes:
+
+    ("add", request_id, prompt_ids, params, constraint_recipe)   queue a completion
+    ("cancel", request_id)                                       drop one
+    ("load", call_id, path, version)                             hot-swap a checkpoint
+    ("clear_prefix_cache",)  ("stop",)
+
+Tokens go back from the decode thread itself, one `("out", [(request_id, item), ...],
+running, waiting)` message per decode step, where an item is a token tuple
+(`TokenOutput` fields in order) or an exception; `("reply", call_id, result)` answers a
+load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+log = logging.getLogger("server.engine.worker")
+
+
+def wire_error(exc: BaseException) -> Exception:
+    """An exception that pickles and keeps its meaning (engine and checkpoint errors as is)."""
+    from server.engine.types import EngineError
+    from server.traces.checkpoint import CheckpointError
+
+    if isinstance(exc, EngineError | CheckpointError) and type(exc).__module__.startswith(
+        "server."
+    ):
+        return exc
+    return EngineError(f"{type(exc).__name__}: {exc}")
+
+
+def as_tuple(out: Any) -> tuple[Any, ...]:
+    """A TokenOutput's fields in order (cheaper to pickle than the dataclass)."""
+    return (
+        out.token_id,
+        out.logprob,
+        out.version,
+        out.top_logprobs,
+        out.finish_reason,
+        out.stop_string,
+    )
+
+
+class Worker:
+    """Owns the engine and the socket; commands come in on the event loop."""
+
+    def __init__(self, conn: Connection, options: dict[str, Any]) -> None:
+        self.conn = conn
+        self.options = options
+        self.send_lock = threading.Lock()
+        self.stopped = asyncio.Event()
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send one message (decode thread and event loop both send)."""
+        # OSError: the server is gone; the read side notices and stops the worker.
+        with self.send_lock, contextlib.suppress(OSError, EOFError):
+            self.conn.send(message)
+
+    def on_outputs(self, items: list[tuple[str, Any]]) -> None:
+        """Decode thread: one message per step with every request's new token."""
+        wire = [
+            (rid, item if isinstance(item, Exception) else as_tuple(item)) for rid, item in items
+        ]
+        engine = self.engine
+        self.send(("out", wire, engine.num_running, engine.num_waiting))
+
+    async def open(self) -> None:
+        """Load the model and start the engine; says hello (or why not) to the server."""
+        from liveloop.models import load_model
+        from server.engine.torch_engine import TorchEngine
+
+        opts = self.options
+        try:
+            loaded = await asyncio.to_thread(load_model, opts["model"], opts["device"])
+            self.tokenizer = loaded.tokenizer
+            self.engine = TorchEngine(
+                loaded.model,
+                loaded.tokenizer,
+                max_batch_size=opts["max_batch_size"],
+                max_model_len=opts["max_model_len"],
+                device=opts["device"],
+                output_sink=self.on_outputs,
+            )
+            await self.engine.start()
+        except Exception as exc:
+            self.send(("failed", str(exc)))
+            raise SystemExit(1) from None
+        info = {
+            "vocab_size": int(self.engine.vocab_size),
+            "max_model_len": int(self.engine.max_model_len),
+            "eos_token_ids": sorted(self.engine.eos_token_ids),
+            "version": int(self.engine.version),
+        }
+        self.send(("hello", info))
+
+    def on_readable(self) -> None:
+        """Event loop: run every command waiting on the socket."""
+        try:
+            while self.conn.poll():
+                self.handle(self.conn.recv())
+        except (EOFError, OSError):  # the server closed its end: stop
+            self.stopped.set()
+
+    def handle(self, message: tuple[Any, ...]) -> None:
+        """One command."""
+        kind = message[0]
+        if kind == "add":
+            self.add(*message[1:])
+        elif kind == "cancel":
+            self.engine.cancel(message[1])
+            self.on_outputs([])  # the new counts: a cancelled request stops counting at once
+        elif kind == "load":
+            task = asyncio.create_task(self.load(message[1], message[2], message[3]))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif kind == "clear_prefix_cache":
+            self.engine.clear_prefix_cache()
+        elif kind == "stop":
+            self.stopped.set()
+
+    def add(self, request_id: str, prompt: list[int], params: Any, recipe: Any) -> None:
+        """Queue a completion; a refusal goes back as that request's only item."""
+        try:
+            if recipe is not None:
+                from server.tools import build_constraint
+
+                factory = build_constraint(self.tokenizer, **recipe)
+                if factory is not None:
+                    params = dataclasses.replace(params, constraint=factory.new())
+            self.engine.submit(prompt, params, request_id)
+        except Exception as exc:
+            self.send(("out", [(request_id, wire_error(exc))], 0, 0))
+
+    async def load(self, call_id: int, path: str, version: int) -> None:
+        """Hot-swap a checkpoint; the pause or the error goes back as a reply."""
+        try:
+            result: float | Exception = await self.engine.load_weights(path, version)
+        except Exception as exc:
+            result = wire_error(exc)
+        self.send(("reply", call_id, result))
+
+    async def serve(self) -> None:
+        """Open, then handle commands until stopped; the engine stops last."""
+        await self.open()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.conn.fileno(), self.on_readable)
+        try:
+            await self.stopped.wait()
+        finally:
+            loop.remove_reader(self.conn.fileno())
+            await self.engine.stop()
+
+
+def main() -> None:
+    """Entry point of `python -m server.engine.worker <fd> <options json>`."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s"
+    )
+    fd, options = int(sys.argv[1]), json.loads(sys.argv[2])
+    if options.get("torch_threads"):
+        import torch
+
+        torch.set_num_threads(int(options["torch_threads"]))
+    conn = Connection(fd)
+    try:
+        asyncio.run(Worker(conn, options).serve())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()
