@@ -78,10 +78,11 @@ def bearer_token(request: Request) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def tenant_of(request: Request) -> str:
+async def tenant_of(request: Request) -> str:
     """The caller's tenant (401 on a bad key): `require_tenant` without the HTTPBearer
     sub-dependency, whose resolution costs more per request than the check itself (see
     bench/gateway.py). Routes using it declare `BEARER_SECURITY` in their OpenAPI entry.
+    Async on purpose: FastAPI runs a plain `def` dependency in its thread pool.
     """
     auth: Authenticator = request.app.state.liveloop.auth
     return auth.tenant(bearer_token(request))
