@@ -127,10 +127,14 @@ async def test_load_weights_swaps_and_refuses_bad_checkpoints(
     assert worker.version == 1 and worker.is_running  # a bad checkpoint never stops serving
 
 
-async def test_worker_death_fails_open_requests() -> None:
+async def test_a_dead_worker_fails_open_requests_and_comes_back_with_its_weights(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
     engine = EngineProcess(EngineOptions(model="tiny-random", torch_threads=1))
     await engine.start()
     try:
+        tiny.model.save_pretrained(tmp_path / "v3")
+        await engine.load_weights(str(tmp_path / "v3"), 3)
         stream = engine.generate(PROMPT, SamplingParams(max_tokens=1500, ignore_eos=True))
         await anext(stream)
         assert engine._proc is not None
@@ -141,6 +145,13 @@ async def test_worker_death_fails_open_requests() -> None:
         assert not engine.is_running
         with pytest.raises(EngineError):
             engine.generate(PROMPT, SamplingParams(max_tokens=2))
+        for _ in range(1200):  # a new worker: spawn, load the model, reload v3
+            if engine.is_running:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.is_running and engine.version == 3
+        out = await collect(engine, SamplingParams(max_tokens=3, ignore_eos=True))
+        assert [t.version for t in out] == [3, 3, 3]
     finally:
         await engine.stop()
 

@@ -1,5 +1,5 @@
-"""Where the engine runs: its worker process (default; its death is a 503, not a hang) or a
-thread of the server process (`server.engine_process = false`)."""
+"""Where the engine runs: its worker process (default; if it dies, requests get 503 until a
+new one is up, never a hang) or a thread of the server process (`engine_process = false`)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_engine_in_a_thread_of_the_server(valkey_server: EmbeddedValkey, tmp_pat
         server.stop()
 
 
-def test_a_dead_engine_worker_means_503_not_a_hang(
+def test_a_dead_engine_worker_means_503_then_a_new_worker(
     valkey_server: EmbeddedValkey, tmp_path: Path
 ) -> None:
     server = ServerProcess(db_url(valkey_server.url, 12), tmp_path).start()
@@ -71,5 +71,13 @@ def test_a_dead_engine_worker_means_503_not_a_hang(
             client.chat.completions.create(model="tiny-random", messages=MESSAGES, max_tokens=3)  # type: ignore[arg-type]
         assert caught.value.status_code == 503
         assert httpx.get(server.base_url + "/healthz").status_code == 200
+        deadline = time.monotonic() + 60
+        while httpx.get(server.base_url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "no new engine worker"
+            time.sleep(0.1)
+        (new_worker,) = children(server.process.pid)
+        assert new_worker != worker
+        reply = client.chat.completions.create(model="tiny-random", messages=MESSAGES, max_tokens=3)  # type: ignore[arg-type]
+        assert reply.choices[0].message is not None
     finally:
         assert server.stop() is not None

@@ -11,8 +11,9 @@ other way.
 
 Request validation that needs the model (prompt length, token ids, sampling values)
 happens here, up front, exactly as in TorchEngine, so bad input is still refused before
-anything is sent. If the worker dies, every open request fails with EngineError (503) and
-readiness turns false.
+anything is sent. If the worker dies, every open request fails with EngineError (503), readiness turns
+false, and a new worker is started (with backoff) and given the checkpoint the old one
+last served before it takes requests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # loading (or first converting) a model can take minutes
 STOP_TIMEOUT_S = 10.0
+RESTART_BACKOFF_S = (1.0, 30.0)  # first and longest wait before restarting a dead worker
+STABLE_S = 60.0  # a worker that lived this long resets the backoff
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,11 @@ class EngineProcess:
         self._waiting = 0
         self._alive = False
         self._stopping = False
+        self._restoring = False  # a restarted worker is getting its weights back
+        self._weights: tuple[str, int] | None = None  # the last checkpoint swapped in
+        self._restart_task: asyncio.Task[None] | None = None
+        self._started_at = 0.0
+        self._backoff = RESTART_BACKOFF_S[0]
 
     # ----------------------------------------------------------------- lifecycle
     def spawn(self) -> None:
@@ -101,6 +110,27 @@ class EngineProcess:
             assert self._conn is not None
             self._loop = asyncio.get_running_loop()
             self._loop.add_reader(self._conn.fileno(), self._on_readable)
+            self._started_at = time.monotonic()
+
+    async def _restart(self) -> None:
+        """Start a new worker after a crash and give it back the weights it served."""
+        while not self._stopping:
+            await asyncio.sleep(self._backoff)
+            self._backoff = min(2 * self._backoff, RESTART_BACKOFF_S[1])
+            self._restoring = self._weights is not None
+            try:
+                await self.start()
+                if self._weights is not None:
+                    await self._load(*self._weights)
+            except Exception as exc:
+                log.error("restarting the engine worker failed (%s); retrying", exc)
+                self._lost("the engine worker is restarting")
+                self._kill()
+                continue
+            finally:
+                self._restoring = False
+            log.warning("the engine worker was restarted (policy v%d)", self.version)
+            return
 
     def _launch(self) -> None:
         if self._proc is not None:
@@ -139,10 +169,14 @@ class EngineProcess:
 
     async def stop(self) -> None:
         """Stop the worker (open requests fail with EngineError)."""
+        self._stopping = True
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._restart_task
         proc, conn = self._proc, self._conn
         if proc is None or conn is None:
             return
-        self._stopping = True
         with contextlib.suppress(OSError):
             conn.send(("stop",))
         try:
@@ -196,8 +230,8 @@ class EngineProcess:
 
     @property
     def is_running(self) -> bool:
-        """True while the worker is up."""
-        return self._alive and self._loop is not None
+        """True while the worker is up and serving the weights it should."""
+        return self._alive and self._loop is not None and not self._restoring
 
     @property
     def stats(self) -> EngineStats:
@@ -235,7 +269,14 @@ class EngineProcess:
 
     async def load_weights(self, path: str, version: int) -> float:
         """Have the worker read, check and swap in a checkpoint; returns the decode pause (s)."""
-        if not self.is_running or self._loop is None:
+        if not self.is_running:
+            raise EngineError("engine is not running")
+        pause = await self._load(path, version)
+        self._weights = (str(path), int(version))
+        return pause
+
+    async def _load(self, path: str, version: int) -> float:
+        if not self._alive or self._loop is None:
             raise EngineError("engine is not running")
         call_id = next(self._call_ids)
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -261,13 +302,20 @@ class EngineProcess:
             while conn is not None and conn.poll():
                 self._dispatch(conn.recv())
         except (EOFError, OSError):
-            if not self._stopping:
-                code = self._proc.poll() if self._proc is not None else None
-                log.error("the engine worker exited (code %s); requests now get 503", code)
             self._lost("the engine worker exited")
-            if self._loop is not None and conn is not None:
-                with contextlib.suppress(ValueError, OSError):
-                    self._loop.remove_reader(conn.fileno())
+            if not self._stopping:
+                self._on_crash()
+
+    def _on_crash(self) -> None:
+        """The worker died on its own: 503s until a new one is up (see `_restart`)."""
+        loop = self._loop
+        code = self._proc.poll() if self._proc is not None else None
+        log.error("the engine worker exited (code %s); requests get 503 until it is back", code)
+        if time.monotonic() - self._started_at > STABLE_S:
+            self._backoff = RESTART_BACKOFF_S[0]
+        self._kill()
+        if loop is not None and not loop.is_closed():
+            self._restart_task = loop.create_task(self._restart(), name="engine-restart")
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
