@@ -170,14 +170,14 @@ class SessionStore:
 
         With an explicit session id only samples of that session count.
         """
+        if not self._available() or not any(m.get("role") == "assistant" for m in messages):
+            return None  # only a conversation with an earlier reply can continue a turn
         digests = chain_hashes(messages)
         keys = [
             self._prefix_key(tenant, digests[i])
             for i in range(len(messages) - 1, -1, -1)
             if messages[i].get("role") == "assistant"
         ]
-        if not keys or not self._available():
-            return None
         try:
             values = await asyncio.wait_for(self.client.mget(keys), REDIS_TIMEOUT_S)
         except (redis.RedisError, OSError, TimeoutError) as exc:
