@@ -228,18 +228,20 @@ class SimulatedUser:
 
     async def live(self, stats: UserStats, deadline: float, max_turns: int | None = None) -> None:
         """Sessions until the deadline (or until `max_turns` answers were judged)."""
-        while time.monotonic() < deadline:
-            if (
-                max_turns is not None
-                and sum(t.user == self.index for t in stats.turns) >= max_turns
-            ):
-                return
-            try:
-                await self.session(stats, deadline)
-            except APIError:
-                stats.errors += 1
-                await asyncio.sleep(1.0)
-        await self.client.close()
+        try:
+            while time.monotonic() < deadline:
+                if (
+                    max_turns is not None
+                    and sum(t.user == self.index for t in stats.turns) >= max_turns
+                ):
+                    return
+                try:
+                    await self.session(stats, deadline)
+                except APIError:
+                    stats.errors += 1
+                    await asyncio.sleep(1.0)
+        finally:  # on every way out: a client left open is closed after its loop is gone
+            await self.client.close()
 
 
 async def run_population(
