@@ -107,6 +107,7 @@ def test_demo_on_tiny_random_learns_within_three_minutes(tmp_path: Path) -> None
     assert report["reward_last_window"] - report["reward_first_window"] >= 0.3, report
     held_out = report["eval"]
     assert "version 0" in held_out and any("final" in k for k in held_out)
+    assert "never retrieved" not in done.stderr  # e.g. a client closed after its loop
 
 
 @pytest.mark.slow
