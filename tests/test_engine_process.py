@@ -104,6 +104,15 @@ async def test_bad_requests_fail_up_front_and_cancel_frees_the_slot(worker: Engi
             break
         await asyncio.sleep(0.01)
     assert worker.num_running == 0
+    # Closed from another thread (as garbage collection may do): still one clean cancel.
+    other = worker.generate(PROMPT, SamplingParams(max_tokens=1500, ignore_eos=True))
+    await anext(other)
+    await asyncio.to_thread(other.close)
+    for _ in range(200):
+        if worker.num_running == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.num_running == 0
     assert len(await collect(worker, SamplingParams(max_tokens=3, ignore_eos=True))) == 3
 
 

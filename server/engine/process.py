@@ -260,8 +260,23 @@ class EngineProcess:
         return RequestStream(queue, lambda: self._cancel(rid))
 
     def _cancel(self, rid: str) -> None:
-        if self._streams.pop(rid, None) is not None and self.is_running:
-            self._send(("cancel", rid))
+        """Drop a request; safe from any thread (a stream may be garbage-collected anywhere)."""
+        loop = self._loop
+        if self._streams.pop(rid, None) is None or not self.is_running or loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._send_quietly(("cancel", rid))
+        else:  # one writer only: the socket is not safe to share between threads
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to cancel
+                loop.call_soon_threadsafe(self._send_quietly, ("cancel", rid))
+
+    def _send_quietly(self, message: tuple[Any, ...]) -> None:
+        with contextlib.suppress(EngineError):  # a lost worker has already failed everything
+            self._send(message)
 
     def clear_prefix_cache(self) -> None:
         """Forget the worker's cached prompt keys/values."""
