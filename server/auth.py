@@ -16,6 +16,7 @@ import logging
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from liveloop.config import tenant_id
@@ -73,8 +74,8 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
 
 
 def bearer_token(request: Request) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header, read the way HTTPBearer does."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    """The token of an `Authorization: Bearer <token>` header, parsed as HTTPBearer does."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
     return token if scheme.lower() == "bearer" and token else None
 
 

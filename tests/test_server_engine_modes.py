@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from liveloop.valkey import EmbeddedValkey
@@ -19,17 +20,8 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
 def children(pid: int) -> list[int]:
-    """Direct child processes of `pid` (from /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
+    """Pids of the live direct child processes of `pid`."""
+    return [p.pid for p in psutil.Process(pid).children() if p.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_engine_in_a_thread_of_the_server(valkey_server: EmbeddedValkey, tmp_path: Path) -> None:
