@@ -10,8 +10,9 @@ it pending for a retry.
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from liveloop.bus import Entry
 from liveloop.contracts import Feedback, TurnRecord
@@ -21,14 +22,33 @@ from prm.pairing import PairingStore, PendingTurn
 
 log = logging.getLogger(__name__)
 
+RecordT = TypeVar("RecordT", bound=BaseModel)
 
-class TurnIntake:
-    """Reads `liveloop:turns` in group `prm` and stores each main turn for pairing."""
+
+class _Intake:
+    """What both intakes share: the consumer, the pairing store, and parsing a batch."""
 
     def __init__(self, consumer: PrmConsumer, store: PairingStore, metrics: PrmMetrics) -> None:
         self.consumer = consumer
         self.store = store
         self.metrics = metrics
+
+    async def _parse(
+        self, entries: list[Entry], model: type[RecordT], what: str
+    ) -> list[tuple[Entry, RecordT]]:
+        """Each entry as `model`; one that does not parse goes to the dead-letter stream."""
+        parsed: list[tuple[Entry, RecordT]] = []
+        for entry in entries:
+            try:
+                parsed.append((entry, entry.parse(model)))
+            except (ValidationError, ValueError) as exc:
+                await self.consumer.dead_letter(entry, f"malformed {what}: {exc}")
+                self.metrics.dead_letters.labels(self.consumer.dead_letter_stream).inc()
+        return parsed
+
+
+class TurnIntake(_Intake):
+    """Reads `liveloop:turns` in group `prm` and stores each main turn for pairing."""
 
     async def step(self, block_ms: int = 500) -> int:
         """Process one batch; returns how many entries were read."""
@@ -37,13 +57,7 @@ class TurnIntake:
             return 0
         done: list[str] = []
         pending: list[tuple[Entry, PendingTurn]] = []
-        for entry in entries:
-            try:
-                turn = entry.parse(TurnRecord)
-            except (ValidationError, ValueError) as exc:
-                await self.consumer.dead_letter(entry, f"malformed turn record: {exc}")
-                self.metrics.dead_letters.labels(self.consumer.dead_letter_stream).inc()
-                continue
+        for entry, turn in await self._parse(entries, TurnRecord, "turn record"):
             if turn.turn_type != "main":
                 self.metrics.turns.labels("side").inc()
                 done.append(entry.id)
@@ -61,26 +75,15 @@ class TurnIntake:
         return len(entries)
 
 
-class FeedbackIntake:
+class FeedbackIntake(_Intake):
     """Reads `liveloop:feedback` in group `prm` and pairs feedback with waiting turns."""
-
-    def __init__(self, consumer: PrmConsumer, store: PairingStore, metrics: PrmMetrics) -> None:
-        self.consumer = consumer
-        self.store = store
-        self.metrics = metrics
 
     async def step(self, block_ms: int = 500) -> int:
         """Process one batch; returns how many entries were read."""
         entries = await self.consumer.read(block_ms)
         if not entries:
             return 0
-        parsed: list[tuple[Entry, Feedback]] = []
-        for entry in entries:
-            try:
-                parsed.append((entry, entry.parse(Feedback)))
-            except (ValidationError, ValueError) as exc:
-                await self.consumer.dead_letter(entry, f"malformed feedback: {exc}")
-                self.metrics.dead_letters.labels(self.consumer.dead_letter_stream).inc()
+        parsed = await self._parse(entries, Feedback, "feedback")
         results = await self.store.add_feedback([(fb, e.fields["data"]) for e, fb in parsed])
         done: list[str] = []
         for (entry, _), result in zip(parsed, results, strict=True):
