@@ -130,6 +130,27 @@ async def test_greedy_alone_equals_batched(engine: TorchEngine) -> None:
     assert [t.token_id for t in alone] == [t.token_id for t in batched]
 
 
+async def test_small_steps_run_on_one_thread_with_the_same_tokens(tiny: LoadedModel) -> None:
+    """Steps under `parallel_min_rows` switch torch to one thread; results do not change."""
+    threads = torch.get_num_threads()
+    results = []
+    for min_rows in (1, 1000):  # every step parallel, then every step on one thread
+        eng = TorchEngine(tiny.model, tiny.tokenizer, max_batch_size=4, parallel_min_rows=min_rows)
+        await eng.start()
+        try:
+            outs = await asyncio.gather(*(collect(eng, p, greedy(10)) for p in PROMPTS))
+        finally:
+            await eng.stop()
+        results.append(outs)
+        eng._use_threads(2)  # the switch itself, from this thread
+        assert torch.get_num_threads() == (1 if min_rows > 2 else threads)
+    torch.set_num_threads(threads)
+    for parallel, single in zip(*results, strict=True):
+        assert [t.token_id for t in parallel] == [t.token_id for t in single]
+        lp = torch.tensor([[t.logprob for t in parallel], [t.logprob for t in single]])
+        assert torch.allclose(lp[0], lp[1], atol=1e-4)
+
+
 async def test_request_joins_running_batch(engine: TorchEngine) -> None:
     a = engine.generate(PROMPTS[0], greedy(LONG))
     await anext(a)

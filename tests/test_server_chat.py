@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -62,6 +63,49 @@ def test_stream_is_token_by_token_and_matches_non_streamed(client: openai.OpenAI
     assert len(pieces) >= 6  # one chunk per token (a few tokens may merge into one character)
     assert finish == "length"
     assert usage is not None and usage.completion_tokens == 12
+
+
+def http_chunks(server_url: str, body: dict[str, Any]) -> list[bytes]:
+    """POST with a plain socket and return the response's HTTP chunks as the server wrote
+    them (chunked encoding keeps each write's boundaries, whatever TCP does)."""
+    host, port = server_url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {API_KEYS[0]}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + payload)
+        stream = sock.makefile("rb")
+        assert stream.readline().split()[1] == b"200"
+        while stream.readline() != b"\r\n":  # headers
+            pass
+        chunks = []
+        while size := int(stream.readline().strip(), 16):
+            chunks.append(stream.read(size))
+            stream.readline()
+    return chunks
+
+
+def test_stream_writes_role_with_first_token_and_usage_with_done(server_url: str) -> None:
+    """The client is woken once for the role and the first token, and once at the end."""
+    body = {
+        "model": MODEL, "messages": HELLO, "max_tokens": 6, "seed": 3, "stream": True,
+        "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }  # fmt: skip
+    chunks = http_chunks(server_url, body)
+    events = [
+        [json.loads(e[6:]) for e in c.split(b"\n\n") if e.startswith(b"data: {")] for c in chunks
+    ]
+    first = events[0]
+    assert first[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "content" in first[1]["choices"][0]["delta"]
+    assert chunks[-1].endswith(b"data: [DONE]\n\n")
+    assert events[-1][-1]["usage"]["completion_tokens"] == 6
+    finish = [c["finish_reason"] for e in events for x in e for c in x["choices"]]
+    assert finish.count("length") == 1
+    assert len(chunks) <= 6 + 1  # one write per token; role, finish and usage ride along
 
 
 def test_n_samples_and_logprobs_are_recorded(

@@ -21,6 +21,12 @@ class ServerConfig(Section):
         "thread of the server process, where the HTTP event loop and the decode loop "
         "compete for one GIL (slower under load; simpler to debug).",
     )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Intra-op torch threads of the engine worker (default: torch's, one per "
+        "core). Steps of a few rows use one thread whatever this says.",
+    )
     device: str = Field("cpu", description="Torch device for the embedded engine ('cpu', 'cuda').")
     max_batch_size: int = Field(
         16, ge=1, le=1024, description="Most sequences decoded together by the torch engine."

@@ -65,6 +65,7 @@ class EngineOptions:
             device=cfg.device,
             max_batch_size=cfg.max_batch_size,
             max_model_len=cfg.max_model_len,
+            torch_threads=cfg.torch_threads,
         )
 
 

@@ -58,6 +58,9 @@ class TorchEngine:
 
     `prefill_chunk_tokens` bounds the prompt tokens run per iteration (how long a joiner
     stalls the running requests); `prefix_cache_tokens` bounds the prefix cache (0 = off).
+    On CPU, a step of fewer than `parallel_min_rows` rows (batch rows when decoding, prompt
+    tokens when prefilling) runs on one torch thread: for a few rows, waking the other
+    threads for every op costs more than it saves.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class TorchEngine:
         version: int = 0,
         prefill_chunk_tokens: int = 512,
         prefix_cache_tokens: int = 8192,
+        parallel_min_rows: int = 16,
         output_sink: OutputSink | None = None,
     ) -> None:
         if max_batch_size < 1:
@@ -103,6 +107,8 @@ class TorchEngine:
         self._stopping = False
         self._log = logging.getLogger(__name__)
         self._sink = output_sink  # where `submit()`ted requests' tokens go (decode thread)
+        self._parallel_min_rows = parallel_min_rows if device == "cpu" else 0
+        self._threads = self._current_threads = torch.get_num_threads()
 
     # ----------------------------------------------------------------- properties
     @property
@@ -339,6 +345,7 @@ class TorchEngine:
         self._admit()
         if self._running:
             started = time.perf_counter()
+            self._use_threads(len(self._running))
             logits = self._runner.decode(self._cache, [r.output[-1] for r in self._running])
             self._process(list(self._running), logits)
             self._stats.decode_steps += 1
@@ -363,6 +370,7 @@ class TorchEngine:
             take = min(budget, state.remaining)
             budget -= take
             started = time.perf_counter()
+            self._use_threads(take)
             logits = self._runner.prefill_step(state, take)
             self._stats.prefill_tokens += take
             self._stats.prefill_seconds += time.perf_counter() - started
@@ -378,6 +386,13 @@ class TorchEngine:
                 self._running.append(req)
             self._runner.join(self._cache, state)
             self._process([req], logits[None])
+
+    def _use_threads(self, rows: int) -> None:
+        """All torch threads for a step of many rows, one for a small step."""
+        want = self._threads if rows >= self._parallel_min_rows else 1
+        if want != self._current_threads:
+            torch.set_num_threads(want)
+            self._current_threads = want
 
     def _start_prefill(self, req: Request) -> Prefill:
         state = self._runner.start_prefill(req.prompt)
