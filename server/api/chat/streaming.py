@@ -29,6 +29,7 @@ from server.tools import StreamingToolCallParser
 log = logging.getLogger(__name__)
 
 DONE = "data: [DONE]\n\n"
+DONE_BYTES = DONE.encode()
 
 
 class SSEResponse(StreamingResponse):
@@ -50,8 +51,8 @@ class SSEResponse(StreamingResponse):
                 }
             )
             async for chunk in self.body_iterator:
-                last = chunk.endswith(DONE)
                 body = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+                last = body.endswith(DONE_BYTES)
                 await send({"type": "http.response.body", "body": body, "more_body": not last})
                 if last:
                     return
