@@ -145,6 +145,7 @@ class ServerState:
             max_batch_size=cfg.max_batch_size,
             max_model_len=cfg.max_model_len,
             device=cfg.device,
+            threads=cfg.torch_threads,
         )
         await self.engine.start()
         self._closers.append(self.engine.stop)

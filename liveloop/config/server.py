@@ -24,8 +24,8 @@ class ServerConfig(Section):
     torch_threads: int | None = Field(
         None,
         ge=1,
-        description="Intra-op torch threads of the engine worker (default: torch's, one per "
-        "core). Steps of a few rows use one thread whatever this says.",
+        description="Intra-op torch threads of the engine (default: torch's, one per core). "
+        "Steps of a few rows use one thread whatever this says.",
     )
     device: str = Field("cpu", description="Torch device for the embedded engine ('cpu', 'cuda').")
     max_batch_size: int = Field(

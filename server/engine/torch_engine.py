@@ -8,8 +8,9 @@ cache) and, once prefilled, lets it join the batch (up to `max_batch_size` runni
 runs one decode step for the whole batch. Tokens go back to each request's asyncio queue
 on its own event loop, so the event loop never waits on torch.
 
-The decode thread uses torch's process-wide intra-op thread count (`torch.set_num_threads`);
-on a small machine shared with other processes, 1 thread is often much faster than 2.
+The decode thread sets torch's process-wide intra-op thread count (`torch.set_num_threads`):
+`threads` (default: torch's) for large steps, one for small ones; on a small machine
+shared with other processes, 1 thread is often much faster than 2.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class TorchEngine:
         prefill_chunk_tokens: int = 512,
         prefix_cache_tokens: int = 8192,
         parallel_min_rows: int = 16,
+        threads: int | None = None,
         output_sink: OutputSink | None = None,
     ) -> None:
         if max_batch_size < 1:
@@ -108,7 +110,8 @@ class TorchEngine:
         self._log = logging.getLogger(__name__)
         self._sink = output_sink  # where `submit()`ted requests' tokens go (decode thread)
         self._parallel_min_rows = parallel_min_rows if device == "cpu" else 0
-        self._threads = self._current_threads = torch.get_num_threads()
+        self._threads = threads or torch.get_num_threads()
+        self._current_threads = 0  # set by the first step
 
     # ----------------------------------------------------------------- properties
     @property

@@ -95,6 +95,7 @@ class Worker:
                 max_batch_size=opts["max_batch_size"],
                 max_model_len=opts["max_model_len"],
                 device=opts["device"],
+                threads=opts["torch_threads"],
                 output_sink=self.on_outputs,
             )
             await self.engine.start()
@@ -173,10 +174,6 @@ def main() -> None:
         level=logging.WARNING, format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s"
     )
     fd, options = int(sys.argv[1]), json.loads(sys.argv[2])
-    if options.get("torch_threads"):
-        import torch
-
-        torch.set_num_threads(int(options["torch_threads"]))
     conn = Connection(fd)
     try:
         asyncio.run(Worker(conn, options).serve())
