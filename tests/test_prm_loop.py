@@ -17,6 +17,7 @@ from liveloop.contracts import Feedback, ScoredTurn
 from prm.consumer import PrmConsumer
 from prm.judges import Judge, JudgeRequest, JudgeResult, load_judges, message_text
 from prm.metrics import PrmMetrics
+from prm.pairing import PairingStore
 from prm.panel import JudgePanel
 from prm.service import JudgeService
 from prm.synthetic import conversation, make_turn, tool, user, write_turns
@@ -70,6 +71,10 @@ async def count_is(client: aredis.Redis, key: str, n: int) -> bool:
     return int(await client.xlen(key)) >= n
 
 
+async def key_exists(client: aredis.Redis, key: str) -> bool:
+    return bool(await client.exists(key))
+
+
 def metric(service: JudgeService, name: str, **labels: str) -> float:
     return service.metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -86,6 +91,10 @@ async def test_pairs_next_turn_feedback_timeout_and_skips_side_turns(
     async with judging(aredis_client, fast_settings(redis_url)) as service:
         await bus.publish(aredis_client, bus.FEEDBACK, early)  # before its turn exists
         await write_turns(aredis_client, [*a, side, *b])
+        # The turn and feedback streams are read by separate loops: let b's turn be taken
+        # in first, so that its feedback pairs at once instead of being stored.
+        b_waiting = PairingStore.group_key("b", 0)
+        await wait_for(lambda: key_exists(aredis_client, b_waiting))
         await bus.publish(
             aredis_client,
             bus.FEEDBACK,
