@@ -23,9 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -78,93 +78,143 @@ def start_server(
     raise SystemExit("the server did not become ready")
 
 
+class SSEConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection that reads streamed chat completions.
+
+    The response is parsed where the bytes arrive (`data_received`), with no reader task
+    to wake per token: chunked framing is undone, and only what is measured is decoded
+    (the first events, until text arrives, and the usage event).
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[dict[str, float]] | None = None
+        self.buffer = b""
+        self.in_body = False
+        self.started = self.first = 0.0
+        self.tokens = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError(f"the server closed the connection: {exc}"))
+
+    def request(self, request: bytes) -> asyncio.Future[dict[str, float]]:
+        """Send one request; the future gives its TTFT, end-to-end seconds and tokens."""
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.buffer, self.in_body, self.first, self.tokens = b"", False, 0.0, 0
+        self.started = time.perf_counter()
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if not self.in_body:
+            head, sep, rest = self.buffer.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            if head.split(b" ", 2)[1] != b"200":
+                self._finish(RuntimeError(f"server answered {head.splitlines()[0].decode()}"))
+                return
+            self.buffer, self.in_body = rest, True
+        while True:
+            eol = self.buffer.find(b"\r\n")
+            if eol < 0:
+                return
+            size = int(self.buffer[:eol], 16)
+            end = eol + 2 + size
+            if len(self.buffer) < end + 2:
+                return
+            body, self.buffer = self.buffer[eol + 2 : end], self.buffer[end + 2 :]
+            if size == 0:
+                self._finish(None)
+                return
+            self._events(body)
+
+    def _events(self, body: bytes) -> None:
+        if not self.first:
+            for event in body.split(b"\n\n"):
+                if event.startswith(b"data: {"):
+                    chunk = json.loads(event[6:])
+                    if any(c["delta"].get("content") for c in chunk["choices"]):
+                        self.first = time.perf_counter()
+                        break
+        if b'"usage":{' in body:
+            for event in body.split(b"\n\n"):
+                if b'"usage":{' in event and event.startswith(b"data: {"):
+                    self.tokens = json.loads(event[6:])["usage"]["completion_tokens"]
+
+    def _finish(self, error: Exception | None) -> None:
+        assert self.done is not None
+        if error is not None:
+            self.done.set_exception(error)
+            return
+        end = time.perf_counter()
+        first = self.first or end
+        self.done.set_result(
+            {"ttft": first - self.started, "e2e": end - self.started, "tokens": self.tokens}
+        )
+
+
 class SSEClient:
-    """A minimal keep-alive HTTP/1.1 client for streamed chat completions.
+    """A pool of `SSEConnection`s to the server.
 
     httpx's own overhead dominated the first measurements (32 concurrent GETs of a bare
     FastAPI app took ~300 ms through httpx.AsyncClient and ~18 ms over raw sockets on the
-    2-core test box), so the client side is kept as thin as possible: what is measured is
-    the server, not the client library.
+    2-core test box), and on two cores every CPU-second the client spends is taken from the
+    engine, so the client side is kept as thin as possible: what is measured is the server,
+    not the client library.
     """
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
         self.host, self.port = host, int(port)
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.idle: list[SSEConnection] = []
 
     async def close(self) -> None:
         """Close the pooled connections."""
-        for _reader, writer in self.idle:
-            writer.close()
+        for conn in self.idle:
+            if conn.transport is not None:
+                conn.transport.close()
         self.idle.clear()
 
-    async def _request(self, payload: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Send the request on a pooled connection (or a new one if the server closed it)."""
-        head = (
+    async def stream(self, body: dict[str, Any]) -> dict[str, float]:
+        """POST one streamed request; its TTFT, end-to-end seconds and completion tokens."""
+        payload = json.dumps(body).encode()
+        request = (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: {self.host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-        ).encode()
-        while True:
-            fresh = not self.idle
-            reader, writer = (
-                self.idle.pop()
-                if self.idle
-                else await asyncio.open_connection(self.host, self.port)
-            )
+        ).encode() + payload
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.transport is None or conn.transport.is_closing():
+                continue  # the server closed it (keep-alive timeout)
             try:
-                writer.write(head + payload)
-                status = (await reader.readuntil(b"\r\n\r\n")).split(b" ", 2)[1]
-            except (asyncio.IncompleteReadError, ConnectionError):
-                writer.close()
-                if fresh:
-                    raise
-                continue  # an idle connection the server had closed (keep-alive timeout)
-            if status != b"200":
-                raise RuntimeError(f"server answered {status.decode()}")
-            return reader, writer
-
-    async def post_stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        """POST a streamed request; yields each SSE event's `data:` payload (raw bytes)."""
-        conn = await self._request(json.dumps(body).encode())
-        reader = conn[0]
-        buffer = b""
-        while True:
-            size = int((await reader.readline()).strip(), 16)
-            if size == 0:
-                await reader.readline()
-                break
-            buffer += (await reader.readexactly(size + 2))[:-2]
-            *events, buffer = buffer.split(b"\n\n")
-            for event in events:
-                if event.startswith(b"data: {"):
-                    yield event[6:]
+                result = await conn.request(request)
+            except ConnectionError:
+                continue
+            self.idle.append(conn)
+            return result
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(SSEConnection, self.host, self.port)
+        result = await conn.request(request)
         self.idle.append(conn)
+        return result
 
 
 async def http_stream(
     client: SSEClient, model: str, seed: int, max_tokens: int
 ) -> dict[str, float]:
-    """One streamed request through the server: TTFT, end-to-end seconds, tokens.
-
-    Only the events that matter are parsed as JSON (the first ones, until text arrives, and
-    the usage event): on a 2-core box the client's own work competes with the server.
-    """
+    """One streamed request through the server: TTFT, end-to-end seconds, tokens."""
     body = {
         "model": model, "messages": MESSAGES, "max_tokens": max_tokens, "seed": seed,
         "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
     }  # fmt: skip
-    started = time.perf_counter()
-    first = None
-    tokens = 0
-    async for data in client.post_stream(body):
-        if first is None:
-            chunk = json.loads(data)
-            if any(c["delta"].get("content") for c in chunk["choices"]):
-                first = time.perf_counter()
-        elif data.endswith(b"}}") and b'"usage":{' in data:
-            tokens = json.loads(data)["usage"]["completion_tokens"]
-    end = time.perf_counter()
-    return {"ttft": (first or end) - started, "e2e": end - started, "tokens": tokens}
+    return await client.stream(body)
 
 
 async def engine_stream(
@@ -291,6 +341,19 @@ def verdict(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop where it is installed (as the server's is), else asyncio's own.
+
+    The same loop runs both paths: the streams read from the server and the in-process
+    engine's consumers.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def main() -> None:
     """Run the benchmark and print its JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -305,7 +368,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedValkey(Path(tmp)) as valkey:
         proc, url = start_server(args, valkey.url, Path(tmp) / "data")
         try:
-            results = asyncio.run(measure(args, url))
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                results = runner.run(measure(args, url))
         finally:
             proc.terminate()
             proc.wait(30)
