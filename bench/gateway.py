@@ -311,21 +311,30 @@ def compare(
     The overhead figures are paired: each round of one path ran right next to the same
     round of the other, so they are medians of per-round differences (ratios for tokens/s).
     On a shared machine whose speed drifts from minute to minute, that is far steadier than
-    comparing two overall medians (also reported, as the two summaries).
+    comparing two overall medians (also reported, as the two summaries). The interquartile
+    range of the per-round figures comes with each: how far one run's median can be trusted.
     """
     pairs = list(zip(inproc, http, strict=True))
-    added = {
-        key: statistics.median(round_median(h, key) - round_median(i, key) for i, h in pairs)
-        for key in ("ttft", "e2e")
-    }
-    ratio = statistics.median(round_tps(h) / round_tps(i) for i, h in pairs)
+    ttft = [round_median(h, "ttft") - round_median(i, "ttft") for i, h in pairs]
+    e2e = [round_median(h, "e2e") - round_median(i, "e2e") for i, h in pairs]
+    drop = [100.0 * (1.0 - round_tps(h) / round_tps(i)) for i, h in pairs]
     return {
         "inprocess": summarize(inproc),
         "http": summarize(http),
-        "ttft_ms_p50_added": round(added["ttft"], 3),
-        "e2e_ms_p50_added": round(added["e2e"], 3),
-        "tokens_per_s_drop_pct": round(100.0 * (1.0 - ratio), 2),
+        "ttft_ms_p50_added": round(statistics.median(ttft), 3),
+        "ttft_ms_added_iqr": quartiles(ttft),
+        "e2e_ms_p50_added": round(statistics.median(e2e), 3),
+        "tokens_per_s_drop_pct": round(statistics.median(drop), 2),
+        "tokens_per_s_drop_pct_iqr": quartiles(drop),
     }
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """[first, third] quartile of per-round figures."""
+    if len(values) < 2:
+        return [round(values[0], 2)] * 2
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return [round(q1, 2), round(q3, 2)]
 
 
 def verdict(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
