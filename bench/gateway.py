@@ -119,6 +119,8 @@ class SSEConnection(asyncio.Protocol):
                 return
             if head.split(b" ", 2)[1] != b"200":
                 self._finish(RuntimeError(f"server answered {head.splitlines()[0].decode()}"))
+                if self.transport is not None:
+                    self.transport.close()  # the rest of that response is not read
                 return
             self.buffer, self.in_body = rest, True
         while True:
@@ -189,21 +191,23 @@ class SSEClient:
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: {self.host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         ).encode() + payload
-        while self.idle:
-            conn = self.idle.pop()
-            if conn.transport is None or conn.transport.is_closing():
-                continue  # the server closed it (keep-alive timeout)
+        while True:
+            fresh = not self.idle
+            if fresh:
+                loop = asyncio.get_running_loop()
+                _, conn = await loop.create_connection(SSEConnection, self.host, self.port)
+            else:
+                conn = self.idle.pop()
+                if conn.transport is None or conn.transport.is_closing():
+                    continue  # the server closed it (keep-alive timeout)
             try:
                 result = await conn.request(request)
             except ConnectionError:
-                continue
+                if fresh:
+                    raise
+                continue  # closed by the server just as the request went out
             self.idle.append(conn)
             return result
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(SSEConnection, self.host, self.port)
-        result = await conn.request(request)
-        self.idle.append(conn)
-        return result
 
 
 async def http_stream(

@@ -90,6 +90,14 @@ async def test_constraint_is_rebuilt_in_the_worker(
         worker.generate(PROMPT, SamplingParams(max_tokens=2, constraint=Opaque()))
 
 
+async def until_idle(worker: EngineProcess) -> None:
+    """Wait (up to 2 s) until the worker reports no running request."""
+    for _ in range(200):
+        if worker.num_running == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def test_bad_requests_fail_up_front_and_cancel_frees_the_slot(worker: EngineProcess) -> None:
     with pytest.raises(EngineError):
         worker.generate([], SamplingParams(max_tokens=2))
@@ -99,19 +107,13 @@ async def test_bad_requests_fail_up_front_and_cancel_frees_the_slot(worker: Engi
     await anext(stream)
     assert worker.num_running == 1
     await stream.aclose()
-    for _ in range(200):
-        if worker.num_running == 0:
-            break
-        await asyncio.sleep(0.01)
+    await until_idle(worker)
     assert worker.num_running == 0
     # Closed from another thread (as garbage collection may do): still one clean cancel.
     other = worker.generate(PROMPT, SamplingParams(max_tokens=1500, ignore_eos=True))
     await anext(other)
     await asyncio.to_thread(other.close)
-    for _ in range(200):
-        if worker.num_running == 0:
-            break
-        await asyncio.sleep(0.01)
+    await until_idle(worker)
     assert worker.num_running == 0
     assert len(await collect(worker, SamplingParams(max_tokens=3, ignore_eos=True))) == 3
 
