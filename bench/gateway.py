@@ -32,9 +32,14 @@ import httpx
 from liveloop.models import load_model
 from liveloop.valkey import EmbeddedValkey, free_port
 
-MESSAGES = [{"role": "user", "content": "Explain how a CPU cache works, with one example."}]
+QUESTION = "Explain how a CPU cache works, with one example."
 TARGET_TTFT_ADDED_MS = 2.0
 TARGET_TPS_DROP_PCT = 5.0
+
+
+def messages_for(seed: int) -> list[dict[str, str]]:
+    """A request's messages: each one different, as a server sees them (nothing cached whole)."""
+    return [{"role": "user", "content": f"{QUESTION} (request {seed})"}]
 
 
 def log(msg: str) -> None:
@@ -215,7 +220,7 @@ async def http_stream(
 ) -> dict[str, float]:
     """One streamed request through the server: TTFT, end-to-end seconds, tokens."""
     body = {
-        "model": model, "messages": MESSAGES, "max_tokens": max_tokens, "seed": seed,
+        "model": model, "messages": messages_for(seed), "max_tokens": max_tokens, "seed": seed,
         "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
     }  # fmt: skip
     return await client.stream(body)
@@ -269,7 +274,7 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     from server.tools import ChatTemplate
 
     loaded = load_model(args.model, args.device)
-    prompt = ChatTemplate(loaded.tokenizer).render_ids(MESSAGES, None)
+    template = ChatTemplate(loaded.tokenizer)
     engine = TorchEngine(
         loaded.model, loaded.tokenizer, max_batch_size=args.max_batch_size, device=args.device
     )
@@ -277,8 +282,9 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     client = SSEClient(url)
 
     async def inprocess(seeds: list[int], max_tokens: int) -> list[dict[str, float]]:
+        prompts = {s: template.render_ids(messages_for(s), None) for s in seeds}  # not timed
         return list(
-            await asyncio.gather(*(engine_stream(engine, prompt, s, max_tokens) for s in seeds))
+            await asyncio.gather(*(engine_stream(engine, prompts[s], s, max_tokens) for s in seeds))
         )
 
     async def http(seeds: list[int], max_tokens: int) -> list[dict[str, float]]:

@@ -29,6 +29,7 @@ from liveloop.config import ConfigError, LiveLoopSettings
 from liveloop.models import ALIASES, LoadedModel, load_model, load_tokenizer
 from server.api import admin, feedback, health, models
 from server.api.chat import api_router as chat_router
+from server.api.chat.fast_path import ChatFastPath
 from server.api.chat.serving import ChatService
 from server.api.errors import install_error_handlers
 from server.auth import Authenticator, BodySizeLimit
@@ -245,6 +246,7 @@ def create_app(
     )
     app.state.liveloop = state
     install_error_handlers(app, metrics.error)
+    app.add_middleware(ChatFastPath, state=state, on_error=metrics.error)  # innermost
     app.add_middleware(PolicyVersionHeader, state=state)
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
     for router in (chat_router.router, models.router, feedback.router, admin.router, health.router):

@@ -75,7 +75,12 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
 
 def bearer_token(request: Request) -> str | None:
     """The token of an `Authorization: Bearer <token>` header, parsed as HTTPBearer does."""
-    scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
+    return token_of_header(request.headers.get("authorization"))
+
+
+def token_of_header(authorization: str | None) -> str | None:
+    """The token of an `Authorization` header value if it is `Bearer <token>`."""
+    scheme, token = get_authorization_scheme_param(authorization)
     return token if scheme.lower() == "bearer" and token else None
 
 
@@ -147,7 +152,7 @@ class BodySizeLimit:
                 return
             if not message.get("more_body", False):
                 break
-        await self.app(scope, _replay(messages, receive), send)
+        await self.app(scope, replay(messages, receive), send)
 
     async def _reject(self, send: Send) -> None:
         body = json.dumps(
@@ -165,12 +170,13 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
+def replay(messages: list[Message], receive: Receive) -> Receive:
+    """A `receive` that hands out already read messages first, then reads on."""
     pending = list(messages)
 
-    async def replay() -> Message:
+    async def next_message() -> Message:
         if pending:
             return pending.pop(0)
         return await receive()
 
-    return replay
+    return next_message

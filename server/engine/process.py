@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -306,7 +307,8 @@ class EngineProcess:
         if self._conn is None:
             raise EngineError("engine is not running")
         try:
-            self._conn.send(message)
+            # Plain pickle: Connection.send's ForkingPickler costs more, for fds we never send.
+            self._conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         except OSError as exc:
             self._lost(f"the engine worker is gone ({exc})")
             raise EngineError("engine is not running") from None

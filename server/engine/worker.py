@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import pickle
 import sys
 import threading
 from multiprocessing.connection import Connection
@@ -70,7 +71,7 @@ class Worker:
         """Send one message (decode thread and event loop both send)."""
         # OSError: the server is gone; the read side notices and stops the worker.
         with self.send_lock, contextlib.suppress(OSError, EOFError):
-            self.conn.send(message)
+            self.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
     def on_outputs(self, items: list[tuple[str, Any]]) -> None:
         """Decode thread: one message per step with every request's new token."""

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from server.tools.format import CALL_SEPARATOR, format_call, tool_result_text, tools_system_section
+from server.tools.pieces import PieceEncoder
 from server.tools.spec import ToolRequestError, parse_tools
 
 TOOLS_REFERENCE = re.compile(r"\btools\b")
@@ -58,6 +59,7 @@ class ChatTemplate:
             raise ValueError("the tokenizer has no chat template")
         self._tokenizer = tokenizer
         self._template: str = source
+        self._pieces = PieceEncoder.for_tokenizer(tokenizer)
         self.supports_tools: bool = bool(TOOLS_REFERENCE.search(source))
 
     def render_text(
@@ -99,6 +101,8 @@ class ChatTemplate:
     ) -> list[int]:
         """Token ids of `render_text` (the template's own special tokens, none added)."""
         text = self.render_text(messages, tools, add_generation_prompt)
+        if self._pieces is not None:  # what the Rust tokenizer gives, mostly from a cache
+            return self._pieces.encode(text)
         backend = getattr(self._tokenizer, "backend_tokenizer", None)
         if backend is not None:  # the Rust tokenizer itself: same ids, a fraction of the time
             return list(backend.encode(text, add_special_tokens=False).ids)

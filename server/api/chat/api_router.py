@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -15,6 +16,9 @@ from server.api.chat.streaming import stream_response
 from server.api.deps import get_state
 from server.api.errors import bad_request
 from server.auth import BEARER_SECURITY, tenant_of
+
+if TYPE_CHECKING:
+    from server.app import ServerState
 
 router = APIRouter(tags=["chat"])
 
@@ -98,8 +102,21 @@ async def create_chat_completion(
 ) -> Response:
     """Create a chat completion (streamed as SSE with `stream: true`)."""
     arrival = time.perf_counter()
-    state = get_state(request)
-    headers = request.headers
+    return await serve_chat(get_state(request), body, tenant, request.headers, arrival)
+
+
+async def serve_chat(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    tenant: str,
+    headers: Mapping[str, str],
+    arrival: float,
+) -> Response:
+    """The chat completion of a validated request from an authenticated tenant.
+
+    Called by the route above and by `ChatFastPath`, which takes well-formed requests
+    around FastAPI's request machinery; `headers` are the request's (lower-case names).
+    """
     ctx = RequestContext(
         tenant=tenant,
         session_id=_session_id(headers.get("x-session-id"), body),
