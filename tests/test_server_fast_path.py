@@ -111,23 +111,21 @@ async def test_a_valid_request_is_served_by_the_chat_handler_in_chunks_too(
     assert session == "s-1"
 
 
-CASES = ["bad-json", "invalid", "no-messages", "not-object", "wrong-key", "no-key", "text-plain"]
-CASES.append("not-ready")
+JSON = json.dumps(BODY).encode()
 
 
 @pytest.mark.parametrize(
     ("headers", "raw", "ready"),
     [
-        (HEADERS, b'{"model": "tiny-random", "messages": [', True),  # not JSON
-        (HEADERS, json.dumps({**BODY, "temperature": 9}).encode(), True),  # does not validate
-        (HEADERS, json.dumps({**BODY, "messages": []}).encode(), True),
-        (HEADERS, b"[1, 2]", True),
-        ({**HEADERS, "authorization": "Bearer sk-wrong"}, json.dumps(BODY).encode(), True),
-        ({"content-type": "application/json"}, json.dumps(BODY).encode(), True),  # no key
-        ({**HEADERS, "content-type": "text/plain"}, json.dumps(BODY).encode(), True),
-        (HEADERS, json.dumps(BODY).encode(), False),  # the server is still starting
+        pytest.param(HEADERS, b'{"model": "tiny-random", "messages": [', True, id="bad-json"),
+        pytest.param(HEADERS, json.dumps({**BODY, "top_p": 9}).encode(), True, id="invalid"),
+        pytest.param(HEADERS, json.dumps({**BODY, "messages": []}).encode(), True, id="empty"),
+        pytest.param(HEADERS, b"[1, 2]", True, id="not-an-object"),
+        pytest.param({**HEADERS, "authorization": "Bearer sk-no"}, JSON, True, id="wrong-key"),
+        pytest.param({"content-type": "application/json"}, JSON, True, id="no-key"),
+        pytest.param({**HEADERS, "content-type": "text/plain"}, JSON, True, id="text-plain"),
+        pytest.param(HEADERS, JSON, False, id="not-ready"),
     ],
-    ids=CASES,
 )
 async def test_anything_else_reaches_the_app_with_the_same_body(
     served: list[tuple[Any, ...]], headers: dict[str, str], raw: bytes, ready: bool
