@@ -2,7 +2,8 @@
 
 Started as `python -m server.engine.worker <fd> <options json>` with one end of a socket
 pair as `fd`. It loads the model, answers `("hello", info)` (or `("failed", reason)`),
-then serves commands until told to stop or until the server's end of the socket closes:
+then serves commands (read on a thread of their own) until told to stop or until the
+server's end of the socket closes:
 
     ("add", request_id, prompt_ids, params, constraint_recipe)   queue a completion
     ("cancel", request_id)                                       drop one
@@ -56,7 +57,7 @@ def as_tuple(out: Any) -> tuple[Any, ...]:
 
 
 class Worker:
-    """Owns the engine and the socket; commands come in on the event loop."""
+    """Owns the engine and the socket; commands come in on a reader thread."""
 
     def __init__(self, conn: Connection, options: dict[str, Any]) -> None:
         self.conn = conn
@@ -111,13 +112,26 @@ class Worker:
         }
         self.send(("hello", info))
 
-    def on_readable(self) -> None:
-        """Event loop: run every command waiting on the socket."""
+    def read_commands(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Reader thread: requests and cancellations go to the engine as they arrive.
+
+        Not through the event loop: one thread wake-up less before a request's prefill
+        starts (the engine's submit and cancel are thread-safe). Loads and stop need the
+        loop and are handed to it.
+        """
         try:
-            while self.conn.poll():
-                self.handle(self.conn.recv())
+            while True:
+                message = pickle.loads(self.conn.recv_bytes())
+                if message[0] in ("load", "stop"):
+                    loop.call_soon_threadsafe(self.handle, message)
+                    continue
+                try:
+                    self.handle(message)
+                except Exception:  # a bad command must not stop the reading
+                    log.exception("engine worker: command %r failed", message[0])
         except (EOFError, OSError):  # the server closed its end: stop
-            self.stopped.set()
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(self.stopped.set)
 
     def handle(self, message: tuple[Any, ...]) -> None:
         """One command."""
@@ -161,11 +175,14 @@ class Worker:
         """Open, then handle commands until stopped; the engine stops last."""
         await self.open()
         loop = asyncio.get_running_loop()
-        loop.add_reader(self.conn.fileno(), self.on_readable)
+        # A daemon: it may still be blocked reading when the worker exits.
+        reader = threading.Thread(
+            target=self.read_commands, args=(loop,), name="engine-commands", daemon=True
+        )
+        reader.start()
         try:
             await self.stopped.wait()
         finally:
-            loop.remove_reader(self.conn.fileno())
             await self.engine.stop()
 
 
