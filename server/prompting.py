@@ -34,6 +34,8 @@ class ChatTemplateLike(Protocol):
         add_generation_prompt: bool = True,
     ) -> str: ...
 
+    def encode(self, text: str) -> list[int]: ...
+
 
 @dataclass
 class BuiltPrompt:
@@ -77,7 +79,7 @@ class PromptBuilder:
         if not fresh_text.startswith(served_text) or len(fresh_text) == len(served_text):
             return None
         new_part = fresh_text[len(served_text) :]
-        new_ids = self.tokenizer.encode(new_part, add_special_tokens=False)
+        new_ids = self.template.encode(new_part)
         if self.decode(new_ids) != new_part:  # the tokenizer must round-trip the new part
             return None
         return served + list(new_ids)

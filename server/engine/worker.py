@@ -69,7 +69,7 @@ class Worker:
         self.tasks: set[asyncio.Task[None]] = set()
 
     def send(self, message: tuple[Any, ...]) -> None:
-        """Send one message (decode thread and event loop both send)."""
+        """Send one message (the decode thread, the reader thread and the event loop send)."""
         # OSError: the server is gone; the read side notices and stops the worker.
         with self.send_lock, contextlib.suppress(OSError, EOFError):
             self.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))

@@ -27,7 +27,11 @@ MAX_PIECE_CHARS = 32_768  # longer pieces are tokenized every time, not kept
 
 
 class PieceEncoder:
-    """Token ids of a text as its tokenizer gives them, from cached pieces where it can."""
+    """Token ids of a text as its tokenizer gives them, from cached pieces where it can.
+
+    Not thread-safe (the cache is a plain ordered dict): the chat service uses it on the
+    event loop only.
+    """
 
     def __init__(self, backend: Any, raw_tokens: list[str], normalized_tokens: list[str]) -> None:
         self._backend = backend

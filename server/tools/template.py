@@ -100,7 +100,10 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
     ) -> list[int]:
         """Token ids of `render_text` (the template's own special tokens, none added)."""
-        text = self.render_text(messages, tools, add_generation_prompt)
+        return self.encode(self.render_text(messages, tools, add_generation_prompt))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of rendered text: special tokens in it are recognised, none added."""
         if self._pieces is not None:  # what the Rust tokenizer gives, mostly from a cache
             return self._pieces.encode(text)
         backend = getattr(self._tokenizer, "backend_tokenizer", None)
