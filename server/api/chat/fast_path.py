@@ -9,7 +9,9 @@ a key that authenticates, and calls `serve_chat`, exactly what the route calls.
 
 Everything else goes to the app unchanged, with the body replayed: a bad key, a body that
 does not parse or validate, another content type, a server that is not ready. So every
-error is still FastAPI's own answer, and the route stays in the OpenAPI schema.
+error is still FastAPI's own answer, and the route stays in the OpenAPI schema. Request
+handling belongs in `serve_chat` (headers included); a dependency added to the route alone
+would be skipped here.
 """
 
 from __future__ import annotations
