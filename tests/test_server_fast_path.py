@@ -22,6 +22,7 @@ from server.auth import Authenticator
 
 KEY = "sk-fast-path"
 BODY = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]}
+JSON = json.dumps(BODY).encode()
 
 
 class RecordingApp:
@@ -99,9 +100,8 @@ async def test_a_valid_request_is_served_by_the_chat_handler_in_chunks_too(
     served: list[tuple[Any, ...]],
 ) -> None:
     fast, app, _ = middleware()
-    raw = json.dumps(BODY).encode()
     status, body = await call(
-        fast, scope_for({**HEADERS, "X-Session-Id": "s-1"}), [raw[:10], raw[10:]]
+        fast, scope_for({**HEADERS, "X-Session-Id": "s-1"}), [JSON[:10], JSON[10:]]
     )
     assert (status, body) == (200, {"served": True})
     assert app.bodies == []
@@ -109,9 +109,6 @@ async def test_a_valid_request_is_served_by_the_chat_handler_in_chunks_too(
     assert request.messages[0].content == "hi"
     assert tenant == Authenticator([KEY], None).tenant(KEY)
     assert session == "s-1"
-
-
-JSON = json.dumps(BODY).encode()
 
 
 @pytest.mark.parametrize(
@@ -141,12 +138,11 @@ async def test_other_routes_and_methods_are_not_read_at_all(
     served: list[tuple[Any, ...]],
 ) -> None:
     fast, app, _ = middleware()
-    raw = json.dumps(BODY).encode()
-    status, _ = await call(fast, scope_for(HEADERS, path="/v1/feedback"), [raw])
+    status, _ = await call(fast, scope_for(HEADERS, path="/v1/feedback"), [JSON])
     get = {**scope_for(HEADERS), "method": "GET"}
     status_get, _ = await call(fast, get, [b""])
     assert (status, status_get) == (299, 299)
-    assert app.bodies == [raw, b""]
+    assert app.bodies == [JSON, b""]
     assert served == []
 
 

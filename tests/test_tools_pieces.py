@@ -65,11 +65,19 @@ def word_level(pre: Any = None, normalizer: Any = None, added: list[Any] | None 
     return SimpleNamespace(backend_tokenizer=backend)
 
 
-def test_a_plain_tokenizer_is_taken_and_encoded_exactly() -> None:
-    wrapped = word_level()
+@pytest.mark.parametrize(
+    "pre",
+    [
+        pre_tokenizers.Whitespace(),
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(), pre_tokenizers.Whitespace()]),
+    ],
+    ids=["whitespace", "sequence"],
+)
+def test_a_plain_tokenizer_is_taken_and_encoded_exactly(pre: Any) -> None:
+    wrapped = word_level(pre=pre)
     encoder = PieceEncoder.for_tokenizer(wrapped)
     assert encoder is not None
-    for text in ["a b<s>b a", "<s><s>a", "ab c <s", ""]:
+    for text in ["a b<s>b a", "<s><s>a", "ab c <s", "a12b<s>3", ""]:
         assert encoder.encode(text) == wrapped.backend_tokenizer.encode(text).ids
 
 
