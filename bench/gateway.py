@@ -5,9 +5,11 @@ token-exact trace capture, SSE). This measures time to first token, end-to-end l
 and generated tokens/s for streamed requests through a real `liveloop serve` subprocess
 (embedded Valkey, trace capture on, the engine in its worker process) against calling a
 TorchEngine on the same model in-process, in the same run, rounds interleaved, at 1 and
-32 concurrent streams. The overhead figures are medians of per-round paired differences.
-Target: the server adds at most 2 ms to the median TTFT and costs at most 5% tokens/s at
-32 streams. Prints one JSON object to stdout; progress goes to stderr.
+32 concurrent streams. The overhead figures are medians of per-round paired differences,
+each with a 95% confidence interval (`paired.py`). Target: the server adds at most 2 ms to
+the median TTFT and costs at most 5% tokens/s at 32 streams; a target's verdict is "within
+noise" when its interval straddles it (more rounds narrow it). Prints one JSON object to
+stdout; progress goes to stderr.
 
     python bench/gateway.py --model tiny-random --max-tokens 64 --rounds 5 --single-rounds 30
 """
@@ -18,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx
+from paired import Round, compare, judge
 
 from liveloop.models import load_model
 from liveloop.valkey import EmbeddedValkey, free_port
@@ -244,30 +246,6 @@ async def engine_stream(
     return {"ttft": (first or end) - started, "e2e": end - started, "tokens": tokens}
 
 
-def summarize(runs: list[list[dict[str, float]]]) -> dict[str, float]:
-    """Median/p90 TTFT and e2e (ms) over all streams, tokens/s over each round's wall time."""
-    streams = [s for rnd in runs for s in rnd]
-    ttft = sorted(s["ttft"] * 1e3 for s in streams)
-    e2e = sorted(s["e2e"] * 1e3 for s in streams)
-    return {
-        "ttft_ms_p50": round(statistics.median(ttft), 3),
-        "ttft_ms_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 3),
-        "e2e_ms_p50": round(statistics.median(e2e), 3),
-        "tokens_per_s": round(statistics.median(round_tps(rnd) for rnd in runs), 1),
-        "streams": len(streams),
-    }
-
-
-def round_tps(rnd: list[dict[str, float]]) -> float:
-    """Generated tokens per second of one round (all its streams, over the slowest one)."""
-    return sum(s["tokens"] for s in rnd) / max(s["e2e"] for s in rnd)
-
-
-def round_median(rnd: list[dict[str, float]], key: str) -> float:
-    """Median of one metric over a round's streams, in ms."""
-    return statistics.median(s[key] * 1e3 for s in rnd)
-
-
 async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     """Interleaved rounds of both paths at every concurrency level."""
     from server.engine import TorchEngine
@@ -298,7 +276,7 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
             await http(list(range(8)), 8)
             await inprocess(list(range(8)), 8)
         for level in args.concurrency:
-            runs: dict[str, list[list[dict[str, float]]]] = {"inprocess": [], "http": []}
+            runs: dict[str, list[Round]] = {"inprocess": [], "http": []}
             rounds = args.rounds if level > 1 else max(args.rounds, args.single_rounds)
             for rnd in range(rounds):
                 seeds = [rnd * 1000 + i for i in range(level)]
@@ -313,51 +291,19 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     return results
 
 
-def compare(
-    inproc: list[list[dict[str, float]]], http: list[list[dict[str, float]]]
-) -> dict[str, Any]:
-    """Both summaries and the server's overhead.
-
-    The overhead figures are paired: each round of one path ran right next to the same
-    round of the other, so they are medians of per-round differences (ratios for tokens/s).
-    On a shared machine whose speed drifts from minute to minute, that is far steadier than
-    comparing two overall medians (also reported, as the two summaries). The interquartile
-    range of the per-round figures comes with each: how far one run's median can be trusted.
-    """
-    pairs = list(zip(inproc, http, strict=True))
-    ttft = [round_median(h, "ttft") - round_median(i, "ttft") for i, h in pairs]
-    e2e = [round_median(h, "e2e") - round_median(i, "e2e") for i, h in pairs]
-    drop = [100.0 * (1.0 - round_tps(h) / round_tps(i)) for i, h in pairs]
-    return {
-        "inprocess": summarize(inproc),
-        "http": summarize(http),
-        "ttft_ms_p50_added": round(statistics.median(ttft), 3),
-        "ttft_ms_added_iqr": quartiles(ttft),
-        "e2e_ms_p50_added": round(statistics.median(e2e), 3),
-        "tokens_per_s_drop_pct": round(statistics.median(drop), 2),
-        "tokens_per_s_drop_pct_iqr": quartiles(drop),
-    }
-
-
-def quartiles(values: list[float]) -> list[float]:
-    """[first, third] quartile of per-round figures."""
-    if len(values) < 2:
-        return [round(values[0], 2)] * 2
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return [round(q1, 2), round(q3, 2)]
-
-
 def verdict(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
-    """The targets and whether this run met them."""
-    top = str(max(levels))
-    ttft_added = max(results[str(lvl)]["ttft_ms_p50_added"] for lvl in levels)
-    return {
-        "ttft_ms_p50_added_max": {"target": TARGET_TTFT_ADDED_MS, "measured": ttft_added,
-                                  "met": ttft_added <= TARGET_TTFT_ADDED_MS},
-        f"tokens_per_s_drop_pct_at_{top}": {"target": TARGET_TPS_DROP_PCT,
-                                            "measured": results[top]["tokens_per_s_drop_pct"],
-                                            "met": results[top]["tokens_per_s_drop_pct"] <= TARGET_TPS_DROP_PCT},
-    }  # fmt: skip
+    """The targets and whether this run met them: TTFT at every level, tokens/s at the top."""
+    out = {}
+    for level in levels:
+        res = results[str(level)]
+        out[f"ttft_ms_p50_added_at_{level}"] = judge(
+            res["ttft_ms_p50_added"], res["ttft_ms_p50_added_ci95"], TARGET_TTFT_ADDED_MS
+        )
+    top = results[str(max(levels))]
+    out[f"tokens_per_s_drop_pct_at_{max(levels)}"] = judge(
+        top["tokens_per_s_drop_pct"], top["tokens_per_s_drop_pct_ci95"], TARGET_TPS_DROP_PCT
+    )
+    return out
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
