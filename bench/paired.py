@@ -41,18 +41,20 @@ def round_median(rnd: Round, key: str) -> float:
     return statistics.median(s[key] * 1e3 for s in rnd)
 
 
-def compare(baseline: list[Round], tested: list[Round]) -> dict[str, Any]:
-    """Both summaries and what `tested` adds: medians of per-round differences (ratios for
-    tokens/s), each with the interquartile range of the per-round figures (how much one
-    round varies) and a 95% confidence interval of the median (how far this run's figure
-    can be trusted)."""
+def compare(
+    baseline: list[Round], tested: list[Round], names: tuple[str, str] = ("inprocess", "http")
+) -> dict[str, Any]:
+    """Both summaries (under `names`) and what `tested` adds: medians of per-round
+    differences (ratios for tokens/s), each with the interquartile range of the per-round
+    figures (how much one round varies) and a 95% confidence interval of the median (how
+    far this run's figure can be trusted)."""
     pairs = list(zip(baseline, tested, strict=True))
     ttft = [round_median(t, "ttft") - round_median(b, "ttft") for b, t in pairs]
     e2e = [round_median(t, "e2e") - round_median(b, "e2e") for b, t in pairs]
     drop = [100.0 * (1.0 - round_tps(t) / round_tps(b)) for b, t in pairs]
     return {
-        "inprocess": summarize(baseline),
-        "http": summarize(tested),
+        names[0]: summarize(baseline),
+        names[1]: summarize(tested),
         "ttft_ms_p50_added": round(statistics.median(ttft), 3),
         "ttft_ms_added_iqr": quartiles(ttft),
         "ttft_ms_p50_added_ci95": median_ci(ttft),
