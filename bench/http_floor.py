@@ -28,13 +28,19 @@ from typing import IO, Any
 
 import httpx
 import psutil
-from gateway import SSEClient, engine_stream, event_loop_factory, http_stream, messages_for
+from gateway import (
+    TARGET_TTFT_ADDED_MS,
+    SSEClient,
+    engine_stream,
+    event_loop_factory,
+    http_stream,
+    messages_for,
+)
 from paired import Round, compare, judge
 
 from liveloop.models import load_model
 from liveloop.valkey import free_port
 
-TARGET_TTFT_ADDED_MS = 2.0
 FIRST = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
 LAST = b'data: {"choices":[],"usage":{"completion_tokens":1}}\n\ndata: [DONE]\n\n'
 
