@@ -105,7 +105,8 @@ class BurstClient:
         """One burst; returns when every request of it is answered."""
         self.stdin.write(b"go\n")
         self.stdin.flush()
-        await asyncio.to_thread(self.stdout.readline)
+        if await asyncio.to_thread(self.stdout.readline) != b"done\n":
+            raise SystemExit(f"the burst client exited (code {self.proc.poll()})")
 
     def close(self) -> None:
         self.proc.kill()
@@ -158,7 +159,7 @@ async def measure(args: argparse.Namespace, server: psutil.Process) -> dict[str,
                 )
                 if rnd >= 0:
                     runs[with_burst].append(result)
-                    cpu += sum(server.cpu_times()[:2]) - before
+                    cpu += sum(server.cpu_times()[:2]) - before if with_burst else 0.0
     finally:
         client.close()
         await engine.stop()
