@@ -293,7 +293,7 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 def verdict(results: dict[str, Any], levels: list[int]) -> dict[str, Any]:
     """The targets and whether this run met them: TTFT at every level, tokens/s at the top."""
-    out = {}
+    out: dict[str, Any] = {}
     for level in levels:
         res = results[str(level)]
         out[f"ttft_ms_p50_added_at_{level}"] = judge(

@@ -159,7 +159,8 @@ async def measure(args: argparse.Namespace, server: psutil.Process) -> dict[str,
                 )
                 if rnd >= 0:
                     runs[with_burst].append(result)
-                    cpu += sum(server.cpu_times()[:2]) - before if with_burst else 0.0
+                    if with_burst:
+                        cpu += sum(server.cpu_times()[:2]) - before
     finally:
         client.close()
         await engine.stop()
