@@ -62,8 +62,8 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 
 import redis.asyncio as aredis  # noqa: E402
 
-from collector.versions import latest_announced_version  # noqa: E402
 from liveloop import bus  # noqa: E402
+from liveloop.collector.versions import latest_announced_version  # noqa: E402
 from liveloop.contracts import ScoredTurn, WeightsAnnouncement  # noqa: E402
 from liveloop.valkey import EmbeddedValkey  # noqa: E402
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from liveloop.models import LoadedModel, load_model
-from server.engine import SamplingParams, TorchEngine
+from liveloop.server.engine import SamplingParams, TorchEngine
 
 TOPICS = (
     "the water cycle",

@@ -232,7 +232,7 @@ async def engine_stream(
     engine: Any, prompt: list[int], seed: int, max_tokens: int
 ) -> dict[str, float]:
     """One request straight to the in-process engine."""
-    from server.engine import SamplingParams
+    from liveloop.server.engine import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=True)
     started = time.perf_counter()
@@ -248,8 +248,8 @@ async def engine_stream(
 
 async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     """Interleaved rounds of both paths at every concurrency level."""
-    from server.engine import TorchEngine
-    from server.tools import ChatTemplate
+    from liveloop.server.engine import TorchEngine
+    from liveloop.server.tools import ChatTemplate
 
     loaded = load_model(args.model, args.device)
     template = ChatTemplate(loaded.tokenizer)

@@ -138,8 +138,8 @@ async def one_round(
 
 async def measure(args: argparse.Namespace, server: psutil.Process) -> dict[str, Any]:
     """Paired rounds: the engine alone, and the engine while the bare server takes a burst."""
-    from server.engine import TorchEngine
-    from server.tools import ChatTemplate
+    from liveloop.server.engine import TorchEngine
+    from liveloop.server.tools import ChatTemplate
 
     loaded = load_model(args.model, "cpu")
     template = ChatTemplate(loaded.tokenizer)

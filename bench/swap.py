@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from liveloop.models import load_model
-from server.engine import SamplingParams, TorchEngine
+from liveloop.server.engine import SamplingParams, TorchEngine
 
 
 async def stream(

@@ -44,9 +44,9 @@ import torch
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
 from liveloop.models import load_model
-from trainer.data import MicroBatch, micro_batches, sample_tokens
-from trainer.policy import load_policy
-from trainer.ppo import PPOUpdater
+from liveloop.trainer.data import MicroBatch, micro_batches, sample_tokens
+from liveloop.trainer.policy import load_policy
+from liveloop.trainer.ppo import PPOUpdater
 
 
 def make_batch(n: int, vocab: int, seed: int) -> list[BatchSample]:

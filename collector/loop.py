@@ -19,12 +19,12 @@ import time
 import redis.asyncio as aredis
 from pydantic import ValidationError
 
-from collector.advantages import Baselines, GroupAssembler, PendingSample
-from collector.metrics import CollectorMetrics
-from collector.packing import Bin, FlushPolicy
-from collector.versions import TrainerVersion
-from collector.writer import BatchWriter
 from liveloop import bus
+from liveloop.collector.advantages import Baselines, GroupAssembler, PendingSample
+from liveloop.collector.metrics import CollectorMetrics
+from liveloop.collector.packing import Bin, FlushPolicy
+from liveloop.collector.versions import TrainerVersion
+from liveloop.collector.writer import BatchWriter
 from liveloop.config import LiveLoopSettings
 from liveloop.contracts import ScoredTurn
 

@@ -9,10 +9,10 @@ import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from collector.loop import Collector
-from collector.metrics import CollectorMetrics
-from collector.versions import TrainerVersion
 from liveloop import bus
+from liveloop.collector.loop import Collector
+from liveloop.collector.metrics import CollectorMetrics
+from liveloop.collector.versions import TrainerVersion
 from liveloop.config import LiveLoopSettings
 from liveloop.registry import Registry
 

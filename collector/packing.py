@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from collector.advantages import PendingSample
+from liveloop.collector.advantages import PendingSample
 
 
 @dataclass

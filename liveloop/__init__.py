@@ -1,6 +1,7 @@
 """LiveLoop: shared code for the four loops (contracts, config, bus, registry, models) and the CLI.
 
-Nothing in this package imports a loop package (`server`, `prm`, `collector`, `trainer`)
+Nothing in this package imports a loop package (`liveloop.server`, `.prm`, `.collector`,
+`.trainer`; symlinks to the folders at the repository root)
 except `liveloop.cli`, which composes them.
 """
 

@@ -84,13 +84,13 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
 
 
 def _run_serve(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
-    from server.main import run
+    from liveloop.server.main import run
 
     run(settings)
 
 
 def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
-    from prm.main import ReplayOptions, run
+    from liveloop.prm.main import ReplayOptions, run
 
     replay = None
     if args.replay:
@@ -101,13 +101,13 @@ def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 
 
 def _run_collect(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
-    from collector.main import run
+    from liveloop.collector.main import run
 
     run(settings)
 
 
 def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
-    from trainer.main import run
+    from liveloop.trainer.main import run
 
     run(settings)
 

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from liveloop.bus import Entry
 from liveloop.contracts import Feedback, TurnRecord
-from prm.consumer import PrmConsumer
-from prm.metrics import PrmMetrics
-from prm.pairing import PairingStore, PendingTurn
+from liveloop.prm.consumer import PrmConsumer
+from liveloop.prm.metrics import PrmMetrics
+from liveloop.prm.pairing import PairingStore, PendingTurn
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from liveloop import bus
 from liveloop.config import ConfigError, LiveLoopSettings
-from prm.judges.registry import load_judges
-from prm.metrics import PrmMetrics
-from prm.panel import JudgePanel
-from prm.replay import Replayer, ReplayStats
-from prm.service import JudgeService
+from liveloop.prm.judges.registry import load_judges
+from liveloop.prm.metrics import PrmMetrics
+from liveloop.prm.panel import JudgePanel
+from liveloop.prm.replay import Replayer, ReplayStats
+from liveloop.prm.service import JudgeService
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prm.judges.base import message_text
+from liveloop.prm.judges.base import message_text
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

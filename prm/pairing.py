@@ -27,7 +27,7 @@ from redis.asyncio.client import Pipeline
 
 from liveloop import bus
 from liveloop.contracts import Feedback, TurnRecord
-from prm.judges.base import TurnHead
+from liveloop.prm.judges.base import TurnHead
 
 PREFIX = "liveloop:prm:"
 READY = PREFIX + "ready"

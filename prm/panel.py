@@ -12,8 +12,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from prm.judges.base import Judge, JudgeError, JudgeRequest, JudgeResult, validate_result
-from prm.metrics import PrmMetrics
+from liveloop.prm.judges.base import Judge, JudgeError, JudgeRequest, JudgeResult, validate_result
+from liveloop.prm.metrics import PrmMetrics
 
 
 @dataclass

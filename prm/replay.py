@@ -19,10 +19,10 @@ from pydantic import ValidationError
 
 from liveloop import bus
 from liveloop.contracts import Feedback, TurnRecord
-from prm.judges.base import JudgeError, JudgeRequest, NextState
-from prm.nextstate import new_messages
-from prm.panel import JudgePanel
-from prm.scorer import make_scored, scored_index
+from liveloop.prm.judges.base import JudgeError, JudgeRequest, NextState
+from liveloop.prm.nextstate import new_messages
+from liveloop.prm.panel import JudgePanel
+from liveloop.prm.scorer import make_scored, scored_index
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from typing import Any
 
 from liveloop.bus import Entry
 from liveloop.contracts import Feedback, ScoredTurn, TurnRecord
-from prm.consumer import PrmConsumer
-from prm.judges.base import JudgeError, JudgeRequest, NextState, TurnHead
-from prm.metrics import PrmMetrics
-from prm.nextstate import new_messages
-from prm.pairing import PairingStore
-from prm.panel import JudgePanel, Verdict
+from liveloop.prm.consumer import PrmConsumer
+from liveloop.prm.judges.base import JudgeError, JudgeRequest, NextState, TurnHead
+from liveloop.prm.metrics import PrmMetrics
+from liveloop.prm.nextstate import new_messages
+from liveloop.prm.pairing import PairingStore
+from liveloop.prm.panel import JudgePanel, Verdict
 
 log = logging.getLogger(__name__)
 

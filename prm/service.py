@@ -19,12 +19,12 @@ import redis.asyncio as aredis
 from liveloop import bus
 from liveloop.bus import Entry
 from liveloop.config.prm import JudgeConfig
-from prm.consumer import PrmConsumer
-from prm.intake import FeedbackIntake, TurnIntake
-from prm.metrics import PrmMetrics
-from prm.pairing import READY, PairingStore
-from prm.panel import JudgePanel
-from prm.scorer import Scorer
+from liveloop.prm.consumer import PrmConsumer
+from liveloop.prm.intake import FeedbackIntake, TurnIntake
+from liveloop.prm.metrics import PrmMetrics
+from liveloop.prm.pairing import READY, PairingStore
+from liveloop.prm.panel import JudgePanel
+from liveloop.prm.scorer import Scorer
 
 log = logging.getLogger(__name__)
 

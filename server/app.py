@@ -27,14 +27,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from liveloop.bus import BusUnavailable
 from liveloop.config import ConfigError, LiveLoopSettings
 from liveloop.models import ALIASES, LoadedModel, load_model, load_tokenizer
-from server.api import admin, feedback, health, models
-from server.api.chat import api_router as chat_router
-from server.api.chat.fast_path import ChatFastPath
-from server.api.chat.serving import ChatService
-from server.api.errors import install_error_handlers
-from server.auth import Authenticator, BodySizeLimit
-from server.metrics import ServerMetrics
-from server.sessions import SessionStore
+from liveloop.server.api import admin, feedback, health, models
+from liveloop.server.api.chat import api_router as chat_router
+from liveloop.server.api.chat.fast_path import ChatFastPath
+from liveloop.server.api.chat.serving import ChatService
+from liveloop.server.api.errors import install_error_handlers
+from liveloop.server.auth import Authenticator, BodySizeLimit
+from liveloop.server.metrics import ServerMetrics
+from liveloop.server.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class ServerState:
 
     async def open(self) -> None:
         """Connect Redis, load the model, start the engine, trace writer and weight follower."""
-        from server.tools import ChatTemplate
+        from liveloop.server.tools import ChatTemplate
 
         cfg = self.settings.server
         if self.settings.redis_url is None:
@@ -127,14 +127,14 @@ class ServerState:
         """Start the engine; returns the tokenizer the server renders prompts with."""
         cfg = self.settings.server
         if cfg.engine_process:
-            from server.engine.process import EngineOptions, EngineProcess
+            from liveloop.server.engine.process import EngineOptions, EngineProcess
 
             self.engine = self.spawned or EngineProcess(EngineOptions.from_settings(self.settings))
             self.spawned = None
             self._closers.append(self.engine.stop)
             await self.engine.start()
             return await asyncio.to_thread(load_tokenizer, self.settings.model)
-        from server.engine import TorchEngine
+        from liveloop.server.engine import TorchEngine
 
         loaded = self.preloaded
         if loaded is None:
@@ -154,7 +154,7 @@ class ServerState:
 
     async def _start_companions(self, redis_url: str) -> None:
         """The trace writer (turn records) and the weight follower (hot-swaps)."""
-        from server.traces import TraceWriter, WeightFollower
+        from liveloop.server.traces import TraceWriter, WeightFollower
 
         self.traces = TraceWriter(redis_url, self.settings.spool_dir, self.registry)
         await self.traces.start()

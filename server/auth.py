@@ -20,7 +20,7 @@ from fastapi.security.utils import get_authorization_scheme_param
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from liveloop.config import tenant_id
-from server.api.errors import APIError, error_body
+from liveloop.server.api.errors import APIError, error_body
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ def _engine_or_model(settings: LiveLoopSettings) -> dict[str, Any]:
     cfg = settings.server
     if not cfg.engine_process:
         return {"model": load_model(settings.model, cfg.device)}
-    from server.engine.process import EngineOptions, EngineProcess
+    from liveloop.server.engine.process import EngineOptions, EngineProcess
 
     engine = EngineProcess(EngineOptions.from_settings(settings))
     engine.spawn()  # a model that cannot load ends start-up here, with its reason
@@ -61,7 +61,7 @@ def run(settings: LiveLoopSettings) -> None:
     try:
         connect_sync(settings.redis_url).close()
         resolve_model_dir(settings.model)  # fails fast, before torch is imported
-        from server.app import create_app
+        from liveloop.server.app import create_app
 
         app = create_app(settings, **_engine_or_model(settings))
         config = uvicorn.Config(

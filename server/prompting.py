@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from server.sessions import PreviousTurn
+from liveloop.server.sessions import PreviousTurn
 
 
 class ChatTemplateLike(Protocol):

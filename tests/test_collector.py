@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aredis
 
-from collector.advantages import Baselines, PendingSample
-from collector.loop import Collector
-from collector.packing import FlushPolicy, first_fit
-from collector.writer import BatchWriter
 from liveloop import bus
+from liveloop.collector.advantages import Baselines, PendingSample
+from liveloop.collector.loop import Collector
+from liveloop.collector.packing import FlushPolicy, first_fit
+from liveloop.collector.writer import BatchWriter
 from liveloop.config import ConfigError
 from liveloop.contracts import TrainingBatch
+from liveloop.trainer.source import load_batch_file
 from tests.test_collector_support import announce, publish_turns, scored_turn, settings_for
-from trainer.source import load_batch_file
 
 FAST = {"group_wait_s": 0.0, "min_turns": 1, "max_wait_s": 0.05}
 

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from liveloop.models import LoadedModel, load_model
-from server.engine import (
+from liveloop.server.engine import (
     ContextLengthError,
     EngineError,
     InvalidRequestError,

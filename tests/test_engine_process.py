@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from liveloop.models import LoadedModel, ModelLoadError, load_model
-from server.engine import EngineError, SamplingParams, TokenOutput, TorchEngine
-from server.engine.process import EngineOptions, EngineProcess
-from server.tools import build_constraint
-from server.traces import CheckpointError
+from liveloop.server.engine import EngineError, SamplingParams, TokenOutput, TorchEngine
+from liveloop.server.engine.process import EngineOptions, EngineProcess
+from liveloop.server.tools import build_constraint
+from liveloop.server.traces import CheckpointError
 
 PROMPT = [1, *range(300, 330)]
 

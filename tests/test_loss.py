@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.loss import LossConfig, decoupled_ppo_loss, k3_kl
+from liveloop.trainer.loss import LossConfig, decoupled_ppo_loss, k3_kl
 
 CFG = LossConfig(eps_low=0.2, eps_high=0.28, iw_cap=5.0, iw_cap_mode="mask")
 LN = math.log

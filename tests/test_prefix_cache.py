@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from server.engine.forward import Prefill
-from server.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
+from liveloop.server.engine.forward import Prefill
+from liveloop.server.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
 
 
 def kv(tokens: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

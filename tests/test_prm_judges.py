@@ -11,15 +11,22 @@ from prometheus_client import CollectorRegistry
 
 from liveloop.config import ConfigError, load_settings
 from liveloop.contracts import Feedback, ScoredTurn
-from prm.judges import JudgeError, JudgeRequest, JudgeResult, NextState, TurnHead, load_judges
-from prm.judges.feedback import FeedbackJudge
-from prm.judges.llm import majority, parse_vote
-from prm.judges.rules import RulesJudge
-from prm.metrics import PrmMetrics
-from prm.nextstate import new_messages
-from prm.panel import JudgePanel
-from prm.scorer import make_scored, scored_fields
-from prm.synthetic import conversation, make_turn, tool, user
+from liveloop.prm.judges import (
+    JudgeError,
+    JudgeRequest,
+    JudgeResult,
+    NextState,
+    TurnHead,
+    load_judges,
+)
+from liveloop.prm.judges.feedback import FeedbackJudge
+from liveloop.prm.judges.llm import majority, parse_vote
+from liveloop.prm.judges.rules import RulesJudge
+from liveloop.prm.metrics import PrmMetrics
+from liveloop.prm.nextstate import new_messages
+from liveloop.prm.panel import JudgePanel
+from liveloop.prm.scorer import make_scored, scored_fields
+from liveloop.prm.synthetic import conversation, make_turn, tool, user
 
 
 def request_with(

@@ -21,10 +21,10 @@ from fastapi import FastAPI, Request
 
 from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import ScoredTurn
+from liveloop.prm.judges import JudgeError, JudgeRequest, NextState, load_judge
+from liveloop.prm.judges.llm import LLMJudge
+from liveloop.prm.synthetic import conversation, make_turn, user, write_turns
 from liveloop.valkey import free_port
-from prm.judges import JudgeError, JudgeRequest, NextState, load_judge
-from prm.judges.llm import LLMJudge
-from prm.synthetic import conversation, make_turn, user, write_turns
 from tests.test_prm_loop import count_is, judging, scored, wait_for
 
 SCRIPTS: dict[str, list[str]] = {

@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry
 from liveloop import bus
 from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import Feedback, ScoredTurn
-from prm.consumer import PrmConsumer
-from prm.judges import Judge, JudgeRequest, JudgeResult, load_judges, message_text
-from prm.metrics import PrmMetrics
-from prm.pairing import PairingStore
-from prm.panel import JudgePanel
-from prm.service import JudgeService
-from prm.synthetic import conversation, make_turn, tool, user, write_turns
+from liveloop.prm.consumer import PrmConsumer
+from liveloop.prm.judges import Judge, JudgeRequest, JudgeResult, load_judges, message_text
+from liveloop.prm.metrics import PrmMetrics
+from liveloop.prm.pairing import PairingStore
+from liveloop.prm.panel import JudgePanel
+from liveloop.prm.service import JudgeService
+from liveloop.prm.synthetic import conversation, make_turn, tool, user, write_turns
 
 
 def fast_settings(redis_url: str, **prm: Any) -> LiveLoopSettings:

@@ -14,8 +14,8 @@ from pathlib import Path
 import redis
 
 from liveloop.contracts import Feedback
+from liveloop.prm.synthetic import conversation, tool, user
 from liveloop.valkey import free_port
-from prm.synthetic import conversation, tool, user
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,8 @@ import redis.asyncio as aredis
 
 from liveloop.config import ConfigError, load_settings
 from liveloop.contracts import Feedback, ScoredTurn, TurnRecord
-from prm.main import ReplayOptions, run
-from prm.synthetic import conversation, make_turn, user, write_turns
+from liveloop.prm.main import ReplayOptions, run
+from liveloop.prm.synthetic import conversation, make_turn, user, write_turns
 from tests.test_prm_processes import ROOT, judge_env, stop
 
 LONG_REPLY = " ".join(["word"] * 120)

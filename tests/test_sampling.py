@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from server.engine import SamplingParams
-from server.engine.sampling import draw, sample_batch
+from liveloop.server.engine import SamplingParams
+from liveloop.server.engine.sampling import draw, sample_batch
 
 
 def seeded(seed: int) -> torch.Generator:

@@ -10,20 +10,20 @@ import pytest
 import redis.asyncio as aredis
 
 from liveloop.config import tenant_id
-from liveloop.valkey import free_port
-from server.api.chat.sample import SampleState, TokenText
-from server.api.errors import APIError
-from server.auth import Authenticator
-from server.engine import TokenOutput
-from server.prompting import PromptBuilder
-from server.sessions import (
+from liveloop.server.api.chat.sample import SampleState, TokenText
+from liveloop.server.api.errors import APIError
+from liveloop.server.auth import Authenticator
+from liveloop.server.engine import TokenOutput
+from liveloop.server.prompting import PromptBuilder
+from liveloop.server.sessions import (
     PreviousTurn,
     ServedSample,
     SessionForbidden,
     SessionStore,
     chain_hashes,
 )
-from server.tools import ChatTemplate
+from liveloop.server.tools import ChatTemplate
+from liveloop.valkey import free_port
 from tests.server_proc import model_dir
 
 

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from liveloop.models import LoadedModel, load_model
-from server.tools import (
+from liveloop.server.tools import (
     ChatTemplate,
     StreamingToolCallParser,
     TokenConstraintFactory,

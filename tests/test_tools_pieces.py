@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
-from server.tools import ChatTemplate
-from server.tools.pieces import PieceEncoder
+from liveloop.server.tools import ChatTemplate
+from liveloop.server.tools.pieces import PieceEncoder
 from tests.server_proc import model_dir
 
 

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from liveloop import bus
 from liveloop.contracts import TurnRecord
+from liveloop.server.traces import TraceWriter
 from liveloop.valkey import EmbeddedValkey, free_port
-from server.traces import TraceWriter
 
 
 def fast_writer(url: str, spool_dir: Path, registry: CollectorRegistry) -> TraceWriter:

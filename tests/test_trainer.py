@@ -10,9 +10,9 @@ import torch
 from liveloop.config import load_settings
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
-from trainer.data import balanced_split, build_micro_batch, micro_batches, sample_tokens
-from trainer.policy import Policy, completion_logprobs, load_policy
-from trainer.ppo import PPOUpdater
+from liveloop.trainer.data import balanced_split, build_micro_batch, micro_batches, sample_tokens
+from liveloop.trainer.policy import Policy, completion_logprobs, load_policy
+from liveloop.trainer.ppo import PPOUpdater
 
 
 def make_samples(n: int, seed: int = 0) -> list[BatchSample]:

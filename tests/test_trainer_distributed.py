@@ -13,13 +13,13 @@ import redis.asyncio as aredis
 import torch
 from safetensors.torch import load_file
 
-from collector.writer import BatchWriter
 from liveloop import bus
+from liveloop.collector.writer import BatchWriter
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.registry import Registry
+from liveloop.trainer.loop import Trainer
 from tests.test_collector_support import settings_for
 from tests.test_trainer import make_samples
-from trainer.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 LR = 1e-3

@@ -9,15 +9,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from collector.writer import BatchWriter
 from liveloop import bus
+from liveloop.collector.writer import BatchWriter
 from liveloop.config import LiveLoopSettings
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.models import load_model
 from liveloop.registry import Registry
+from liveloop.trainer.loop import Trainer
 from tests.test_collector_support import settings_for
 from tests.test_trainer import make_samples
-from trainer.loop import Trainer
 
 
 def settings(redis_url: str, data_dir: Path, **trainer: object) -> LiveLoopSettings:

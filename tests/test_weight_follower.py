@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.models import LoadedModel, load_model
+from liveloop.server.engine import SamplingParams, TokenOutput, TorchEngine
+from liveloop.server.traces import CheckpointError, WeightFollower, load_checkpoint_state_dict
 from liveloop.valkey import EmbeddedValkey
-from server.engine import SamplingParams, TokenOutput, TorchEngine
-from server.traces import CheckpointError, WeightFollower, load_checkpoint_state_dict
 
 PROMPT = [1, 504, 3458, 28, 2]
 

@@ -22,13 +22,13 @@ from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.contracts import BatchSample
 from liveloop.registry import Registry
-from trainer.checkpoints import CheckpointStore, TrainerState
-from trainer.data import validate_sample
-from trainer.dist import Comm
-from trainer.metrics import TrainerMetrics
-from trainer.policy import load_policy
-from trainer.ppo import PPOUpdater, UpdateStats
-from trainer.source import BatchSource, Publisher, ReceivedBatch
+from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
+from liveloop.trainer.data import validate_sample
+from liveloop.trainer.dist import Comm
+from liveloop.trainer.metrics import TrainerMetrics
+from liveloop.trainer.policy import load_policy
+from liveloop.trainer.ppo import PPOUpdater, UpdateStats
+from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry, start_http_server
 
 from liveloop.config import LiveLoopSettings
-from trainer.dist import Comm
-from trainer.loop import Trainer
-from trainer.metrics import TrainerMetrics
+from liveloop.trainer.dist import Comm
+from liveloop.trainer.loop import Trainer
+from liveloop.trainer.metrics import TrainerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from trainer.ppo import UpdateStats
+from liveloop.trainer.ppo import UpdateStats
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)

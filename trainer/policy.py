@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from liveloop.config.trainer import LoraSettings
 from liveloop.models import load_model
-from trainer.data import MicroBatch
+from liveloop.trainer.data import MicroBatch
 
 if TYPE_CHECKING:
     import torch

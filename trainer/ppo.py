@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
-from trainer.data import MicroBatch, balanced_split, micro_batches
-from trainer.dist import Comm
-from trainer.loss import LossConfig, LossTerms, decoupled_ppo_loss
-from trainer.policy import Policy, completion_logprobs
+from liveloop.trainer.data import MicroBatch, balanced_split, micro_batches
+from liveloop.trainer.dist import Comm
+from liveloop.trainer.loss import LossConfig, LossTerms, decoupled_ppo_loss
+from liveloop.trainer.policy import Policy, completion_logprobs
 
 if TYPE_CHECKING:
     import torch

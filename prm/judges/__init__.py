@@ -4,7 +4,7 @@ Built-in judges live in their own modules (`rules`, `llm`, `feedback`) and are i
 when configured, so `liveloop judge` with the rules judge never imports the openai client.
 """
 
-from prm.judges.base import (
+from liveloop.prm.judges.base import (
     Judge,
     JudgeError,
     JudgeRequest,
@@ -15,7 +15,7 @@ from prm.judges.base import (
     message_text,
     validate_result,
 )
-from prm.judges.registry import GROUP, available_judges, load_judge, load_judges
+from liveloop.prm.judges.registry import GROUP, available_judges, load_judge, load_judges
 
 __all__ = [
     "GROUP",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prm.judges.base import JudgeRequest, JudgeResult
+from liveloop.prm.judges.base import JudgeRequest, JudgeResult
 
 if TYPE_CHECKING:
     from liveloop.config import LiveLoopSettings

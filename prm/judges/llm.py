@@ -16,7 +16,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from liveloop.config.prm import LLMJudgeConfig
-from prm.judges.base import JudgeError, JudgeRequest, JudgeResult, message_text
+from liveloop.prm.judges.base import JudgeError, JudgeRequest, JudgeResult, message_text
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

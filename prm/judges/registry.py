@@ -11,16 +11,16 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
 from liveloop.config import ConfigError
-from prm.judges.base import Judge
+from liveloop.prm.judges.base import Judge
 
 if TYPE_CHECKING:
     from liveloop.config import LiveLoopSettings
 
 GROUP = "liveloop.judges"
 BUILTIN = {
-    "feedback": "prm.judges.feedback:FeedbackJudge",
-    "llm": "prm.judges.llm:LLMJudge",
-    "rules": "prm.judges.rules:RulesJudge",
+    "feedback": "liveloop.prm.judges.feedback:FeedbackJudge",
+    "llm": "liveloop.prm.judges.llm:LLMJudge",
+    "rules": "liveloop.prm.judges.rules:RulesJudge",
 }
 
 

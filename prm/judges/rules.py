@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from liveloop.config.prm import RulesJudgeConfig
-from prm.judges.base import JudgeRequest, JudgeResult, message_text
+from liveloop.prm.judges.base import JudgeRequest, JudgeResult, message_text
 
 if TYPE_CHECKING:
     from liveloop.config import LiveLoopSettings

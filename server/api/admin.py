@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.api.chat.protocol import ErrorResponse
-from server.api.deps import get_state
-from server.api.errors import APIError
-from server.auth import require_admin
-from server.traces import CheckpointError
+from liveloop.server.api.chat.protocol import ErrorResponse
+from liveloop.server.api.deps import get_state
+from liveloop.server.api.errors import APIError
+from liveloop.server.auth import require_admin
+from liveloop.server.traces import CheckpointError
 
 router = APIRouter(
     prefix="/admin",

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 
-from server.api.errors import APIError
+from liveloop.server.api.errors import APIError
 
 if TYPE_CHECKING:
-    from server.app import ServerState
+    from liveloop.server.app import ServerState
 
 
 def get_state(request: Request) -> ServerState:

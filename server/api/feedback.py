@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from liveloop import bus
 from liveloop.contracts import Feedback
-from server.api.chat.protocol import ErrorResponse
-from server.api.deps import get_state
-from server.api.errors import APIError
-from server.auth import require_tenant
+from liveloop.server.api.chat.protocol import ErrorResponse
+from liveloop.server.api.deps import get_state
+from liveloop.server.api.errors import APIError
+from liveloop.server.auth import require_tenant
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from server.api.deps import get_state
-from server.api.errors import APIError
-from server.auth import require_tenant
+from liveloop.server.api.deps import get_state
+from liveloop.server.api.errors import APIError
+from liveloop.server.auth import require_tenant
 
 router = APIRouter(tags=["models"], dependencies=[Depends(require_tenant)])
 

@@ -3,8 +3,8 @@
 The HTTP server and the trainer import only the names re-exported here.
 """
 
-from server.engine.torch_engine import TorchEngine
-from server.engine.types import (
+from liveloop.server.engine.torch_engine import TorchEngine
+from liveloop.server.engine.types import (
     ContextLengthError,
     EngineError,
     EngineStats,

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from server.engine.kv_cache import BatchKVCache
-from server.engine.types import EngineError
+from liveloop.server.engine.kv_cache import BatchKVCache
+from liveloop.server.engine.types import EngineError
 
 LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")

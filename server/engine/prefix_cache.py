@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from server.engine.forward import Prefill
+from liveloop.server.engine.forward import Prefill
 
 BLOCK_TOKENS = 16
 

@@ -4,7 +4,7 @@ Why: the HTTP event loop and the decode loop are both Python. In one process the
 one GIL, so every SSE event the server writes delays the next decode step, and a decode
 step delays the parsing of the next request: on a 2-core box at 32 streams that cost
 ~15% of tokens/s and tens of milliseconds of time to first token (bench/gateway.py). In a
-worker process (`server.engine.worker`) the decode loop has an interpreter to itself; the
+worker process (`liveloop.server.engine.worker`) the decode loop has an interpreter to itself; the
 server exchanges small pickled messages with it over a socket pair: requests and
 cancellations one way, one message per decode step with every request's new token the
 other way.
@@ -35,9 +35,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from liveloop.models import ModelLoadError
+from liveloop.server.engine.state import RequestStream, check_request
+from liveloop.server.engine.types import EngineError, EngineStats, SamplingParams, TokenOutput
 from liveloop.valkey import die_with_parent
-from server.engine.state import RequestStream, check_request
-from server.engine.types import EngineError, EngineStats, SamplingParams, TokenOutput
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class EngineProcess:
         env = dict(os.environ)
         # Idle OpenMP workers sleep instead of spinning, leaving the CPU to the HTTP server.
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        cmd = [sys.executable, "-m", "server.engine.worker", str(theirs.fileno())]
+        cmd = [sys.executable, "-m", "liveloop.server.engine.worker", str(theirs.fileno())]
         self._proc = subprocess.Popen(
             [*cmd, json.dumps(self.options.__dict__)],
             pass_fds=[theirs.fileno()],

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from server.engine.types import EngineError, SamplingParams
+from liveloop.server.engine.types import EngineError, SamplingParams
 
 
 @dataclass

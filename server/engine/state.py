@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from server.engine.sampling import find_stop_string
-from server.engine.types import (
+from liveloop.server.engine.sampling import find_stop_string
+from liveloop.server.engine.types import (
     ContextLengthError,
     InvalidRequestError,
     SamplingParams,

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from server.engine.forward import LlamaRunner, Prefill
-from server.engine.prefix_cache import PrefixCache
-from server.engine.sampling import Sampled, sample_batch
-from server.engine.state import (
+from liveloop.server.engine.forward import LlamaRunner, Prefill
+from liveloop.server.engine.prefix_cache import PrefixCache
+from liveloop.server.engine.sampling import Sampled, sample_batch
+from liveloop.server.engine.state import (
     OutputSink,
     Request,
     RequestStream,
@@ -45,13 +45,13 @@ from server.engine.state import (
     finish_reason,
     settle,
 )
-from server.engine.types import (
+from liveloop.server.engine.types import (
     EngineError,
     EngineStats,
     SamplingParams,
     TokenOutput,
 )
-from server.engine.weights import WeightSpec
+from liveloop.server.engine.weights import WeightSpec
 
 
 class TorchEngine:
@@ -267,7 +267,7 @@ class TorchEngine:
 
         Raises CheckpointError when the files are unusable or do not fit the model.
         """
-        from server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
+        from liveloop.server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
 
         def read() -> dict[str, torch.Tensor]:
             state_dict = load_checkpoint_state_dict(path)

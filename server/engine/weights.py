@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from server.engine.types import WeightValidationError
+from liveloop.server.engine.types import WeightValidationError
 
 
 @dataclass(frozen=True)

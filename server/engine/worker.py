@@ -29,13 +29,13 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-log = logging.getLogger("server.engine.worker")
+log = logging.getLogger("liveloop.server.engine.worker")
 
 
 def wire_error(exc: BaseException) -> Exception:
     """An exception that pickles and keeps its meaning (engine and checkpoint errors as is)."""
-    from server.engine.types import EngineError
-    from server.traces.checkpoint import CheckpointError
+    from liveloop.server.engine.types import EngineError
+    from liveloop.server.traces.checkpoint import CheckpointError
 
     if isinstance(exc, EngineError | CheckpointError) and type(exc).__module__.startswith(
         "server."
@@ -85,7 +85,7 @@ class Worker:
     async def open(self) -> None:
         """Load the model and start the engine; says hello (or why not) to the server."""
         from liveloop.models import load_model
-        from server.engine.torch_engine import TorchEngine
+        from liveloop.server.engine.torch_engine import TorchEngine
 
         opts = self.options
         try:
@@ -154,7 +154,7 @@ class Worker:
         """Queue a completion; a refusal goes back as that request's only item."""
         try:
             if recipe is not None:
-                from server.tools import build_constraint
+                from liveloop.server.tools import build_constraint
 
                 factory = build_constraint(self.tokenizer, **recipe)
                 if factory is not None:

@@ -5,15 +5,15 @@ a grammar (xgrammar) when a tool call or a JSON schema is required, and parses t
 of model text, in one go or while streaming. The HTTP server composes these pieces.
 """
 
-from server.tools.grammar import (
+from liveloop.server.tools.grammar import (
     ConstraintCompiler,
     GrammarConstraint,
     TokenConstraintFactory,
     build_constraint,
 )
-from server.tools.parser import StreamingToolCallParser, parse_tool_calls
-from server.tools.spec import ToolRequestError
-from server.tools.template import ChatTemplate
+from liveloop.server.tools.parser import StreamingToolCallParser, parse_tool_calls
+from liveloop.server.tools.spec import ToolRequestError
+from liveloop.server.tools.template import ChatTemplate
 
 __all__ = [
     "ChatTemplate",

@@ -15,9 +15,9 @@ import re
 import weakref
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from server.tools.format import CALL_SEPARATOR, call_prefix, call_suffix
-from server.tools.schema import bounded_strings_as_patterns
-from server.tools.spec import (
+from liveloop.server.tools.format import CALL_SEPARATOR, call_prefix, call_suffix
+from liveloop.server.tools.schema import bounded_strings_as_patterns
+from liveloop.server.tools.spec import (
     OutputSpec,
     ToolRequestError,
     ToolSpec,

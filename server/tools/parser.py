@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from server.tools.format import CLOSE_TAG, OPEN_TAG
+from liveloop.server.tools.format import CLOSE_TAG, OPEN_TAG
 
 JSON_WHITESPACE = " \t\n\r"
 

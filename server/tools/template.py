@@ -14,9 +14,14 @@ import json
 import re
 from typing import Any
 
-from server.tools.format import CALL_SEPARATOR, format_call, tool_result_text, tools_system_section
-from server.tools.pieces import PieceEncoder
-from server.tools.spec import ToolRequestError, parse_tools
+from liveloop.server.tools.format import (
+    CALL_SEPARATOR,
+    format_call,
+    tool_result_text,
+    tools_system_section,
+)
+from liveloop.server.tools.pieces import PieceEncoder
+from liveloop.server.tools.spec import ToolRequestError, parse_tools
 
 TOOLS_REFERENCE = re.compile(r"\btools\b")
 

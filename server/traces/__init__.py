@@ -5,8 +5,8 @@ path (spooling to disk while Redis is away); `WeightFollower` watches `liveloop:
 and hot-swaps each new checkpoint into the engine off the serving path.
 """
 
-from server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
-from server.traces.follower import WeightFollower
-from server.traces.writer import TraceWriter
+from liveloop.server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
+from liveloop.server.traces.follower import WeightFollower
+from liveloop.server.traces.writer import TraceWriter
 
 __all__ = ["CheckpointError", "TraceWriter", "WeightFollower", "load_checkpoint_state_dict"]

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
-from server.traces.checkpoint import CheckpointError
+from liveloop.server.traces.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 
 from liveloop import bus
 from liveloop.contracts import TurnRecord
-from server.traces.spool import Spool, SpooledLine, SpoolError
+from liveloop.server.traces.spool import Spool, SpooledLine, SpoolError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prm.judges import JudgeRequest, JudgeResult, message_text
+from liveloop.prm.judges import JudgeRequest, JudgeResult, message_text
 
 
 class ConciseJudge:

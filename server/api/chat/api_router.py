@@ -10,15 +10,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.api.chat.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse
-from server.api.chat.serving import RequestContext
-from server.api.chat.streaming import stream_response
-from server.api.deps import get_state
-from server.api.errors import bad_request
-from server.auth import BEARER_SECURITY, tenant_of
+from liveloop.server.api.chat.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ErrorResponse,
+)
+from liveloop.server.api.chat.serving import RequestContext
+from liveloop.server.api.chat.streaming import stream_response
+from liveloop.server.api.deps import get_state
+from liveloop.server.api.errors import bad_request
+from liveloop.server.auth import BEARER_SECURITY, tenant_of
 
 if TYPE_CHECKING:
-    from server.app import ServerState
+    from liveloop.server.app import ServerState
 
 router = APIRouter(tags=["chat"])
 

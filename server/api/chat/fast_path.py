@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.api.chat.api_router import serve_chat
-from server.api.chat.protocol import ChatCompletionRequest
-from server.api.errors import APIError
-from server.auth import replay, token_of_header
+from liveloop.server.api.chat.api_router import serve_chat
+from liveloop.server.api.chat.protocol import ChatCompletionRequest
+from liveloop.server.api.errors import APIError
+from liveloop.server.auth import replay, token_of_header
 
 if TYPE_CHECKING:
-    from server.app import ServerState
+    from liveloop.server.app import ServerState
 
 PATH = "/v1/chat/completions"
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from liveloop.contracts import TurnRecord, TurnTimings, TurnType
-from server.api.chat.protocol import ChatCompletionRequest
-from server.api.chat.sample import SampleState
-from server.prompting import BuiltPrompt
-from server.sessions import PreviousTurn, ServedSample, SessionTurn
-from server.tools import parse_tool_calls
+from liveloop.server.api.chat.protocol import ChatCompletionRequest
+from liveloop.server.api.chat.sample import SampleState
+from liveloop.server.prompting import BuiltPrompt
+from liveloop.server.sessions import PreviousTurn, ServedSample, SessionTurn
+from liveloop.server.tools import parse_tool_calls
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
-from server.engine import TokenOutput
+from liveloop.server.engine import TokenOutput
 
 
 class TokenText:

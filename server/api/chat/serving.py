@@ -18,8 +18,8 @@ from typing import Any
 
 from liveloop.config import ServerConfig
 from liveloop.contracts import TurnRecord, TurnType
-from server.api.chat.protocol import ChatCompletionRequest
-from server.api.chat.records import (
+from liveloop.server.api.chat.protocol import ChatCompletionRequest
+from liveloop.server.api.chat.records import (
     FinishedSample,
     PreparedChat,
     finish_sample,
@@ -27,19 +27,19 @@ from server.api.chat.records import (
     turn_record,
     usage,
 )
-from server.api.chat.sample import SampleState, TokenText
-from server.api.errors import APIError, bad_request
-from server.engine import ContextLengthError, EngineError, SamplingParams, TokenOutput
-from server.metrics import ServerMetrics
-from server.prompting import BuiltPrompt, PromptBuilder
-from server.sessions import (
+from liveloop.server.api.chat.sample import SampleState, TokenText
+from liveloop.server.api.errors import APIError, bad_request
+from liveloop.server.engine import ContextLengthError, EngineError, SamplingParams, TokenOutput
+from liveloop.server.metrics import ServerMetrics
+from liveloop.server.prompting import BuiltPrompt, PromptBuilder
+from liveloop.server.sessions import (
     PreviousTurn,
     SessionForbidden,
     SessionStore,
     SessionTurn,
     new_session_id,
 )
-from server.tools import ToolRequestError, build_constraint
+from liveloop.server.tools import ToolRequestError, build_constraint
 
 SEED_MOD = 2**63
 

@@ -20,11 +20,11 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from server.api.chat.records import PreparedChat, finish_sample, usage
-from server.api.chat.sample import SampleState
-from server.api.chat.serving import ChatService, close_iterator, engine_error
-from server.engine import EngineError, TokenOutput
-from server.tools import StreamingToolCallParser
+from liveloop.server.api.chat.records import PreparedChat, finish_sample, usage
+from liveloop.server.api.chat.sample import SampleState
+from liveloop.server.api.chat.serving import ChatService, close_iterator, engine_error
+from liveloop.server.engine import EngineError, TokenOutput
+from liveloop.server.tools import StreamingToolCallParser
 
 log = logging.getLogger(__name__)
 
