@@ -38,7 +38,7 @@ def wire_error(exc: BaseException) -> Exception:
     from liveloop.server.traces.checkpoint import CheckpointError
 
     if isinstance(exc, EngineError | CheckpointError) and type(exc).__module__.startswith(
-        "server."
+        "liveloop.server."
     ):
         return exc
     return EngineError(f"{type(exc).__name__}: {exc}")
