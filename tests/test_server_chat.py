@@ -204,7 +204,7 @@ WEATHER: Any = [
 def test_required_tool_call_and_tool_result_continue(client: openai.OpenAI) -> None:
     ask: Any = [{"role": "user", "content": "Weather in Oslo?"}]
     reply = client.chat.completions.create(
-        model=MODEL, messages=ask, tools=WEATHER, tool_choice="required", max_tokens=64, seed=1
+        model=MODEL, messages=ask, tools=WEATHER, tool_choice="required", max_tokens=256, seed=1
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"

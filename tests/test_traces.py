@@ -162,16 +162,19 @@ async def test_stop_flushes_queue_to_spool_and_restart_replays_leftover(
     first.submit(make_turn(8))  # after stop: still spooled, never dropped
     assert len(spool_lines(spool_dir)) == 9
     with open(spool_dir / "turns.spool", "a") as fh:
-        fh.write('{"session_id": "torn')  # a crash mid-append: never fsynced, never counted
+        fh.write('{"session_id": "torn')  # a crash mid-append: never fsynced
 
     registry = CollectorRegistry()
     second = fast_writer(redis_url, spool_dir, registry)
     await second.start()
-    assert second.spool_backlog == 9  # the torn line is not a record
+    assert second.spool_backlog == 10  # 9 records and the torn line, read back as a line
+    assert sample(registry, "liveloop_trace_spool_torn_tails_total") == 1
     await wait_for(lambda: second.spool_backlog == 0)
     await second.stop()
     assert [t.turn_index for t in await stream_turns(redis_url)] == list(range(9))
     assert sample(registry, "liveloop_trace_records_total", outcome="replayed") == 9
+    assert sample(registry, "liveloop_trace_records_total", outcome="quarantined") == 1
+    assert (spool_dir / "turns.bad").read_text().splitlines()[1] == '{"session_id": "torn'
     assert spool_lines(spool_dir) == []
 
 

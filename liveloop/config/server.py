@@ -46,6 +46,13 @@ class ServerConfig(Section):
     trace_capture: bool = Field(
         True, description="Record turns to liveloop:turns (admins can pause/resume at run time)."
     )
+    trace_durable_wait_s: float = Field(
+        1.0,
+        ge=0.0,
+        description="Before a reply ends, wait up to this long until its turn record is in "
+        "Redis or fsynced in the on-disk spool, so a crash right after a reply cannot lose its "
+        "record (0: never wait; the record is written in the background either way).",
+    )
     follow_weights: bool = Field(
         True, description="Follow liveloop:weights and hot-swap each new checkpoint."
     )

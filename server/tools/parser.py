@@ -7,6 +7,11 @@ the whitespace that touches a call removed and pieces separated by calls joined 
 text without any call is returned exactly. The streaming parser reaches the same result for any
 split of the text into deltas: it holds back what may still turn into a call (a partial opening
 tag, whitespace in front of one, an open block) until that is decided.
+
+Text cut short (by `max_tokens`, or aborted) may end inside a call that was never finished:
+an unclosed block that does not hold a valid call, or the first characters of an opening tag
+(`<tool`). That unfinished tail is markup, not content, and both parsers drop it when told
+the text was truncated; a complete call before it is still returned.
 """
 
 from __future__ import annotations
@@ -91,20 +96,26 @@ def parse_call_body(body: str) -> ParsedCall | None:
     return ParsedCall(name, raw)
 
 
-def split_tool_calls(text: str) -> list[str | ParsedCall]:
-    """The text as alternating content pieces (merged, untrimmed) and valid calls."""
+def split_tool_calls(text: str, truncated: bool = False) -> list[str | ParsedCall]:
+    """The text as alternating content pieces (merged, untrimmed) and valid calls.
+
+    With `truncated`, an unfinished call at the end (see the module docstring) is dropped.
+    """
     parts: list[str | ParsedCall] = []
     pending = ""
     pos = 0
     while True:
         start = text.find(OPEN_TAG, pos)
         if start < 0:
-            pending += text[pos:]
+            rest = text[pos:]
+            pending += rest[: len(rest) - _partial_tag_length(rest)] if truncated else rest
             break
         close = text.find(CLOSE_TAG, start + len(OPEN_TAG))
         end = len(text) if close < 0 else close + len(CLOSE_TAG)
         call = parse_call_body(text[start + len(OPEN_TAG) : len(text) if close < 0 else close])
-        if call is None:
+        if call is None and close < 0 and truncated:
+            pending += text[pos:start]
+        elif call is None:
             pending += text[pos:end]
         else:
             parts += [pending + text[pos:start], call]
@@ -114,15 +125,16 @@ def split_tool_calls(text: str) -> list[str | ParsedCall]:
     return parts
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
     """Content and OpenAI `tool_calls` entries found in a model's output.
 
-    Content is None when the text holds calls and nothing else but whitespace.
+    Content is None when the text holds calls and nothing else but whitespace. `truncated`:
+    the text was cut short, so an unfinished call at its end is dropped, not content.
     """
-    parts = split_tool_calls(text)
+    parts = split_tool_calls(text, truncated)
     calls = [part for part in parts if isinstance(part, ParsedCall)]
     if not calls:
-        return text, []
+        return "".join(p for p in parts if isinstance(p, str)), []
     pieces: list[str] = []
     for i, part in enumerate(parts):
         if isinstance(part, ParsedCall):
@@ -185,14 +197,21 @@ class StreamingToolCallParser:
             self._in_block = True
         return _merge_content(out)
 
-    def finish(self) -> list[dict[str, Any]]:
-        """Deltas for whatever was still held back when the text ends."""
+    def finish(self, truncated: bool = False) -> list[dict[str, Any]]:
+        """Deltas for whatever was still held back when the text ends.
+
+        `truncated`: the text was cut short; an unfinished call at its end is dropped.
+        """
         out: list[dict[str, Any]] = []
         if self._in_block:
             self._in_block = False
-            self._end_block(self._pending, "", out)
-        else:
+            if not truncated or parse_call_body(self._pending) is not None:
+                self._end_block(self._pending, "", out)
+        elif not truncated:
             self._push_text(self._pending, out)
+        else:
+            keep = len(self._pending) - _partial_tag_length(self._pending)
+            self._push_text(self._pending[:keep], out)
         self._pending = ""
         if self._held_ws:
             out.append({"content": self._held_ws})

@@ -7,6 +7,13 @@ reads complete lines from a cursor; when the cursor reaches the end of a file, a
 file is deleted and the own file is truncated. A crash anywhere in between only means
 some records are sent again, which the stream's dedupe key turns into a no-op.
 
+A crash during an append can leave a torn last line (no newline) or garbage (zero-filled
+blocks) at the end of a file. `open()` ends a torn tail with a newline instead of cutting
+it, so every byte is read back as a line: a line that parses is replayed (a record whose
+newline alone was lost is not lost), one that does not is moved by the reader to the
+quarantine file `<name>.bad` with `quarantine()` and counted. Nothing in a file can make
+reading it raise.
+
 The class is synchronous (plain file I/O and fsync) and meant to be driven from one task
 at a time, through `asyncio.to_thread`, so that disk latency never reaches the event loop.
 """
@@ -43,6 +50,7 @@ class SpooledLine:
     path: Path
     start: int
     end: int
+    raw: bytes = b""  # the line's bytes without the newline (what `quarantine` keeps)
 
 
 class SpoolError(OSError):
@@ -70,20 +78,21 @@ def _try_lock(path: Path, create: bool) -> IO[bytes] | None:
     return handle
 
 
-def _repair_tail(spool: _SpoolFile) -> None:
-    """Cut a torn last line (a crash mid-append: never fsynced, so never counted)."""
+def _repair_tail(spool: _SpoolFile) -> bool:
+    """End a torn last line (a crash mid-append) with a newline; True if there was one.
+
+    The line is then read like any other: replayed if it parses, quarantined if not.
+    """
     size = os.fstat(spool.handle.fileno()).st_size
     if size == 0:
-        return
+        return False
     spool.handle.seek(max(0, size - 1))
     if spool.handle.read(1) == b"\n":
-        return
-    spool.handle.seek(0)
-    data = spool.handle.read()
-    keep = data.rfind(b"\n") + 1
-    log.warning("spool %s: dropping a torn last line of %d bytes", spool.path, size - keep)
-    spool.handle.truncate(keep)
+        return False
+    log.warning("spool %s: its last line is torn (a crash during a write)", spool.path)
+    os.write(spool.handle.fileno(), b"\n")  # O_APPEND
     os.fsync(spool.handle.fileno())
+    return True
 
 
 def _count_lines(spool: _SpoolFile) -> int:
@@ -99,6 +108,8 @@ class Spool:
         self.name = name
         self._files: list[_SpoolFile] = []
         self._backlog = 0
+        self.torn_tails = 0  # torn last lines found by `open()`
+        self.quarantined = 0  # lines moved to the quarantine file by this process
 
     @property
     def backlog(self) -> int:
@@ -132,7 +143,7 @@ class Spool:
                 leftovers.append(_SpoolFile(path, other, own=False))
         self._files = [*leftovers, own]
         for spool in self._files:
-            _repair_tail(spool)
+            self.torn_tails += _repair_tail(spool)
             self._backlog += _count_lines(spool)
         if self._backlog:
             log.warning(
@@ -165,8 +176,9 @@ class Spool:
             for raw in spool.handle:
                 if not raw.endswith(b"\n"):
                     break  # not possible for fsynced appends; leave it for later
-                text = raw.decode(errors="replace").rstrip("\n")
-                lines.append(SpooledLine(text, spool.path, offset, offset + len(raw)))
+                body = raw[:-1]
+                text = body.decode(errors="replace")
+                lines.append(SpooledLine(text, spool.path, offset, offset + len(raw), body))
                 offset += len(raw)
                 if len(lines) >= max_lines:
                     break
@@ -181,6 +193,20 @@ class Spool:
             raise ValueError(f"spool lines must be advanced in order ({line.path}@{line.start})")
         spool.cursor = line.end
         self._backlog -= 1
+
+    @property
+    def quarantine_path(self) -> Path:
+        """Where unreadable lines are kept for inspection (never replayed)."""
+        return self.directory / f"{self.name}.bad"
+
+    def quarantine(self, line: SpooledLine, reason: str) -> None:
+        """Append an unreadable line to the quarantine file (fsynced); raises OSError."""
+        header = f"# {line.path.name}@{line.start}: {reason}".replace("\n", " ")[:500]
+        with open(self.quarantine_path, "ab") as fh:
+            fh.write(header.encode() + b"\n" + (line.raw or line.text.encode()) + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.quarantined += 1
 
     def compact(self) -> None:
         """Delete fully replayed leftovers and truncate the own file once fully replayed."""

@@ -1,7 +1,9 @@
 """Turn-record writing that can never slow down or fail a response.
 
-The serving path only calls `TraceWriter.submit`, which appends to an in-memory queue.
-One background task drains it: while the spool is empty it XADDs each record to
+The serving path only calls `TraceWriter.submit`, which appends to an in-memory queue and,
+when asked, returns a future that resolves once the record is durable (in Redis, or fsynced
+in the spool): the server waits on it, bounded, before a reply ends, so that a crash right
+after a reply cannot lose its record. One background task drains the queue: while the spool is empty it XADDs each record to
 `liveloop:turns` (exactly once per `TurnRecord.key`); when a write fails, that record and
 every later one go to the fsynced spool instead, so order is kept, and the same task
 probes Redis with backoff and replays the spool in order once Redis answers again.
@@ -13,7 +15,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ from liveloop.contracts import TurnRecord
 from liveloop.server.traces.spool import Spool, SpooledLine, SpoolError
 
 log = logging.getLogger(__name__)
+
+Durable = asyncio.Future[bool]
 
 WRITE_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
 _REDIS_ERRORS = (redis.RedisError, OSError, asyncio.TimeoutError)
@@ -53,11 +56,17 @@ class _TraceMetrics:
         self.records = Counter(
             "liveloop_trace_records",
             "Turn records by outcome: written to Redis, spooled to disk, replayed from the "
-            "spool, or dropped (only when the disk fails).",
+            "spool, quarantined (an unreadable spool line, e.g. a write torn by a crash, "
+            "moved to <spool>.bad), or dropped (only when the disk fails).",
             ["outcome"],
             registry=registry,
         )
-        for outcome in ("written", "spooled", "replayed", "dropped"):
+        self.torn = Counter(
+            "liveloop_trace_spool_torn_tails",
+            "Spool files found at start-up with a torn last line (a crash during a write).",
+            registry=registry,
+        )
+        for outcome in ("written", "spooled", "replayed", "quarantined", "dropped"):
             self.records.labels(outcome)
 
 
@@ -82,7 +91,7 @@ class TraceWriter:
         self.probe_max_s = probe_max_s
         self.socket_timeout_s = socket_timeout_s
         self.replay_batch = replay_batch
-        self._pending: collections.deque[TurnRecord] = collections.deque()
+        self._pending: collections.deque[tuple[TurnRecord, Durable | None]] = collections.deque()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -107,6 +116,7 @@ class TraceWriter:
     async def start(self) -> None:
         """Open the spool (adopting leftovers of earlier processes) and start the writer task."""
         await asyncio.to_thread(self.spool.open)
+        self.metrics.torn.inc(self.spool.torn_tails)
         self._update_backlog()
         self._client = aredis.from_url(
             self.redis_url,
@@ -137,26 +147,34 @@ class TraceWriter:
             self._closed = True
             rest = list(self._pending)
             self._pending.clear()
-        await asyncio.to_thread(self._spool_now, rest)
+        _settle(rest, await asyncio.to_thread(self._spool_now, [t for t, _ in rest]))
         if self._client is not None:
             await self._client.aclose()
             self._client = None
         await asyncio.to_thread(self.spool.close)
 
-    def submit(self, turn: TurnRecord) -> None:
-        """Queue a record for writing; never blocks, never raises. Don't mutate it afterwards."""
+    def submit(self, turn: TurnRecord, durable: bool = False) -> Durable | None:
+        """Queue a record for writing; never blocks, never raises. Don't mutate it afterwards.
+
+        With `durable` (from the event loop's thread, once started), returns a future that
+        becomes True once the record is in Redis or fsynced in the spool (False if dropped).
+        """
+        waiter: Durable | None = None
         try:
+            if durable and self._loop is not None and threading.get_ident() == self._loop_thread:
+                waiter = self._loop.create_future()
             with self._spool_lock:
                 closed = self._closed
                 if not closed:
-                    self._pending.append(turn)
+                    self._pending.append((turn, waiter))
             if closed:  # after stop(): the spool is closed, so append to a fresh one
                 log.warning("trace writer stopped; spooling turn %s synchronously", turn.key)
-                self._spool_after_stop(turn)
-                return
+                _settle([(turn, waiter)], self._spool_after_stop(turn))
+                return waiter
             self._wakeup()
         except Exception:
             log.exception("could not queue turn record %s", getattr(turn, "key", "?"))
+        return waiter
 
     def _wakeup(self) -> None:
         if self._wake is None or self._loop is None:
@@ -183,7 +201,8 @@ class TraceWriter:
         batch = self._take(self.replay_batch)
         if batch:
             if self.spool.backlog:
-                await asyncio.to_thread(self._spool_now, batch)
+                spooled = await asyncio.to_thread(self._spool_now, [t for t, _ in batch])
+                _settle(batch, spooled)
             else:
                 await self._write_direct(batch)
             return True
@@ -201,8 +220,8 @@ class TraceWriter:
             await asyncio.wait_for(self._wake.wait(), timeout)
         return True
 
-    def _take(self, limit: int) -> list[TurnRecord]:
-        batch: list[TurnRecord] = []
+    def _take(self, limit: int) -> list[tuple[TurnRecord, Durable | None]]:
+        batch: list[tuple[TurnRecord, Durable | None]] = []
         while self._pending and len(batch) < limit:
             batch.append(self._pending.popleft())
         return batch
@@ -219,48 +238,58 @@ class TraceWriter:
             turn_type=turn.turn_type,
         )
 
-    async def _write_direct(self, batch: list[TurnRecord]) -> None:
-        for i, turn in enumerate(batch):
+    async def _write_direct(self, batch: list[tuple[TurnRecord, Durable | None]]) -> None:
+        for i, (turn, waiter) in enumerate(batch):
             start = time.perf_counter()
             try:
                 await self._publish(turn)
             except Exception as exc:  # whatever went wrong, the spool keeps the record
                 log.warning("trace write failed (%r); spooling until Redis is back", exc)
                 self._next_probe = time.monotonic() + self._probe_delay
-                await asyncio.to_thread(self._spool_now, batch[i:])
+                rest = batch[i:]
+                _settle(rest, await asyncio.to_thread(self._spool_now, [t for t, _ in rest]))
                 return
             self.metrics.write_seconds.observe(time.perf_counter() - start)
             self.metrics.records.labels("written").inc()
+            _settle([(turn, waiter)], [True])
 
-    def _spool_now(self, turns: list[TurnRecord]) -> None:
-        """Append to the spool (worker thread); on disk failure log loudly and count drops."""
+    def _spool_now(self, turns: list[TurnRecord]) -> list[bool]:
+        """Append to the spool (worker thread); per record, whether it is durable now.
+
+        On disk failure log loudly and count drops.
+        """
         if not turns:
-            return
-        lines = []
+            return []
+        lines, kept = [], []
         for turn in turns:
             try:
                 lines.append(turn.model_dump_json())
+                kept.append(True)
             except Exception:
                 log.exception("DROPPED turn record %s: it cannot be serialised", turn.key)
                 self.metrics.records.labels("dropped").inc()
+                kept.append(False)
         try:
             self.spool.append(lines)
         except SpoolError as exc:
             log.critical("DROPPED %d turn records: %s", len(lines), exc)
             self.metrics.records.labels("dropped").inc(len(lines))
-            return
+            return [False] * len(turns)
         self.metrics.records.labels("spooled").inc(len(lines))
         self._update_backlog()
+        return kept
 
-    def _spool_after_stop(self, turn: TurnRecord) -> None:
+    def _spool_after_stop(self, turn: TurnRecord) -> list[bool]:
         spool = Spool(self.spool.directory, self.spool.name)
         try:
             spool.open(adopt=False)
             spool.append([turn.model_dump_json()])
             self.metrics.records.labels("spooled").inc()
+            return [True]
         except (SpoolError, OSError) as exc:
             log.critical("DROPPED turn record %s: %s", turn.key, exc)
             self.metrics.records.labels("dropped").inc()
+            return [False]
         finally:
             spool.close()
 
@@ -290,21 +319,34 @@ class TraceWriter:
         except _REDIS_ERRORS:
             raise
         except (ValidationError, ValueError, TypeError) as exc:  # a poison line: set it aside
-            log.critical("unreadable spool line %s@%d moved aside: %s", line.path, line.start, exc)
-            await asyncio.to_thread(self._quarantine, line.text)
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.critical(
+                "unreadable spool line %s@%d (%d bytes) quarantined in %s: %s",
+                line.path,
+                line.start,
+                len(line.raw),
+                self.spool.quarantine_path,
+                reason,
+            )
+            await asyncio.to_thread(self._quarantine, line, reason)
             return
         self.metrics.records.labels("replayed").inc()
 
-    def _quarantine(self, text: str) -> None:
-        path = self.spool.directory / f"{self.spool.name}.bad"
+    def _quarantine(self, line: SpooledLine, reason: str) -> None:
         try:
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            self.spool.quarantine(line, reason)
         except OSError as exc:
-            log.critical("DROPPED an unreadable spool line: cannot write %s: %s", path, exc)
+            log.critical("DROPPED an unreadable spool line: cannot quarantine it: %s", exc)
             self.metrics.records.labels("dropped").inc()
+            return
+        self.metrics.records.labels("quarantined").inc()
 
     def _update_backlog(self) -> None:
         self.metrics.backlog.set(self.spool.backlog)
+
+
+def _settle(items: list[tuple[TurnRecord, Durable | None]], durable: list[bool]) -> None:
+    """Resolve the durability futures of written, spooled or dropped records."""
+    for (_turn, waiter), ok in zip(items, durable, strict=True):
+        if waiter is not None and not waiter.done():
+            waiter.set_result(ok)

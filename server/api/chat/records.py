@@ -61,16 +61,32 @@ class FinishedSample:
     finish_reason: str
 
 
+# Engine finish reasons of a sample that was cut short rather than ended by the model.
+TRUNCATED = frozenset({"length", "abort"})
+
+
+def reply_finish_reason(engine_reason: str | None, called_tool: bool) -> str:
+    """The reply's finish reason: "tool_calls" when the model called a tool and ended on
+    its own; a reply cut short keeps "length" (or "abort") even with calls, as OpenAI does."""
+    reason = engine_reason or "abort"
+    return "tool_calls" if called_tool and reason not in TRUNCATED else reason
+
+
 def finish_sample(sample: SampleState, parse_tools: bool) -> FinishedSample:
-    """The assistant message (text, or tool calls parsed from it) and the finish reason."""
+    """The assistant message (text, or tool calls parsed from it) and the finish reason.
+
+    With tools, a reply cut short inside a call never shows that call's markup as content.
+    """
     text = sample.text
     reason = sample.finish_reason or "abort"
     if parse_tools:
-        content, calls = parse_tool_calls(text)
+        content, calls = parse_tool_calls(text, truncated=reason in TRUNCATED)
         if calls:
             return FinishedSample(
-                {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+                {"role": "assistant", "content": content, "tool_calls": calls},
+                reply_finish_reason(reason, True),
             )
+        text = content or ""
     return FinishedSample({"role": "assistant", "content": text}, reason)
 
 

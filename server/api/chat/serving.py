@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +74,7 @@ class ChatService:
         tokenizer: Any,
         template: Any,
         sessions: SessionStore | None,
-        submit_turn: Callable[[TurnRecord], None],
+        submit_turn: Callable[[TurnRecord, bool], Awaitable[bool] | None],
         metrics: ServerMetrics,
         config: ServerConfig,
         model_name: str,
@@ -338,7 +338,11 @@ class ChatService:
         finished: list[FinishedSample],
         remember: bool = True,
     ) -> None:
-        """Metrics, turn records (unless opted out or paused) and the session index."""
+        """Metrics, turn records (unless opted out or paused) and the session index.
+
+        With `remember` (the reply is about to end), waits up to `trace_durable_wait_s` for
+        the records to be durable, so a reply a client saw is a record that survives a crash.
+        """
         for sample, done in zip(samples, finished, strict=True):
             self.metrics.completion_tokens.inc(len(sample.token_ids))
             self.metrics.e2e.observe(sample.total())
@@ -347,8 +351,17 @@ class ChatService:
             return
         if self.capture_enabled():
             queued = max(0.0, prep.submitted - prep.arrival)
+            wait = remember and self.config.trace_durable_wait_s > 0
+            waiters = []
             for sample, done in zip(samples, finished, strict=True):
-                self.submit_turn(turn_record(prep, sample, done, queued))
+                waiter = self.submit_turn(turn_record(prep, sample, done, queued), wait)
+                if waiter is not None:
+                    waiters.append(waiter)
+            if waiters:
+                await asyncio.wait(
+                    [asyncio.ensure_future(w) for w in waiters],
+                    timeout=self.config.trace_durable_wait_s,
+                )
         if remember and self.sessions is not None:
             served = [
                 served_sample(prep, s, d)

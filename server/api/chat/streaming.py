@@ -20,7 +20,13 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from liveloop.server.api.chat.records import PreparedChat, finish_sample, usage
+from liveloop.server.api.chat.records import (
+    TRUNCATED,
+    PreparedChat,
+    finish_sample,
+    reply_finish_reason,
+    usage,
+)
 from liveloop.server.api.chat.sample import SampleState
 from liveloop.server.api.chat.serving import ChatService, close_iterator, engine_error
 from liveloop.server.engine import EngineError, TokenOutput
@@ -139,7 +145,7 @@ class ChatStream:
         else:
             deltas = parser.feed(text) if text else []
             if sample.finished:
-                deltas += parser.finish()
+                deltas += parser.finish(truncated=sample.finish_reason in TRUNCATED)
         if any("tool_calls" in d for d in deltas):
             self.called_tool[sample.index] = True
         want_lp = self.prep.want_logprobs and (deltas or sample.finished)
@@ -151,8 +157,8 @@ class ChatStream:
             )
         if sample.finished:
             final = self._choice(sample.index, {}, logprobs if not deltas else None)
-            final["finish_reason"] = (
-                "tool_calls" if self.called_tool[sample.index] else sample.finish_reason
+            final["finish_reason"] = reply_finish_reason(
+                sample.finish_reason, self.called_tool[sample.index]
             )
             events.append(self._event([final]))
         return events
@@ -200,8 +206,10 @@ class ChatStream:
         finished = []
         for sample in self.samples:
             done = finish_sample(sample, self.prep.parse_tools)
-            if done.finish_reason != "tool_calls" and self.called_tool[sample.index]:
-                done.finish_reason = "tool_calls"
+            done.finish_reason = reply_finish_reason(
+                sample.finish_reason,
+                self.called_tool[sample.index] or done.finish_reason == "tool_calls",
+            )
             finished.append(done)
         await self.service.finalize(self.prep, self.samples, finished, remember=remember)
 
