@@ -2,7 +2,8 @@
 
 A turns-stream entry is acknowledged once its pairing state is stored in Redis (the turn is
 then owned by the pairing state and the ready stream, not by the turns stream). Side turns
-are acknowledged and counted, never stored: they can never become trainable. A record that
+are never stored (they can never become trainable): they only leave a marker so that the
+main turns around them pair with each other, and are acknowledged and counted. A record that
 does not parse goes straight to the dead-letter stream; a Redis error on one entry leaves
 it pending for a retry.
 """
@@ -57,12 +58,20 @@ class TurnIntake(_Intake):
             return 0
         done: list[str] = []
         pending: list[tuple[Entry, PendingTurn]] = []
+        sides: list[tuple[Entry, TurnRecord]] = []
         for entry, turn in await self._parse(entries, TurnRecord, "turn record"):
             if turn.turn_type != "main":
-                self.metrics.turns.labels("side").inc()
-                done.append(entry.id)
+                sides.append((entry, turn))
                 continue
             pending.append((entry, PendingTurn.from_record(turn, entry.fields["data"])))
+        # Side markers first: a main turn of the same batch then steps over them at once.
+        marked = await self.store.add_side_turns([(t.session_id, t.turn_index) for _, t in sides])
+        for (entry, _), result in zip(sides, marked, strict=True):
+            if isinstance(result, Exception):
+                await self.consumer.fail(entry, f"storing a side-turn marker failed: {result}")
+                continue
+            self.metrics.turns.labels("side").inc()
+            done.append(entry.id)
         results = await self.store.add_turns([p for _, p in pending])
         for (entry, _), result in zip(pending, results, strict=True):
             if isinstance(result, Exception):

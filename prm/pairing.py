@@ -14,6 +14,12 @@ is retried, reclaimed and dead-lettered). Turn t+1 arriving before t (two proces
 leaves an arrival note `a:<s>:<t+1>`; feedback arriving before its turn is kept in
 `fb:<s>:<t>`. Committing a score atomically writes the scored entry once (the same dedupe
 marker as `liveloop.bus.publish`) and deletes the pairing state.
+
+Side turns (a title, a summary: calls that are not part of the conversation) take turn
+indices too, but they are nobody's next state. Each leaves a marker `side:<s>:<j>`, and a
+main turn looking for its predecessor steps back over marked indices, so main turn t's next
+state is the next *main* turn, whatever side turns came between. A side turn arriving after
+the main turn that follows it forwards that turn's arrival note past itself.
 """
 
 from __future__ import annotations
@@ -38,8 +44,37 @@ READY = PREFIX + "ready"
 # KEYS: 1 deadlines, 2 ready
 # ARGV: 1 state prefix, 2 seen-marker prefix, 3 session, 4 index, 5 sample, 6 turn json,
 #       7 messages json, 8 timeout s, 9 ttl s, 10 arrival ttl s
-_ADD_TURN = """
-local P, SEEN, s, idx = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+# The shared head of both scripts: `pair_back(k, nxt)` gives the messages `nxt` of a main
+# turn at index k (or forwarded to k by a side turn) to the nearest main turn before k:
+# paired at once when it waits, else left as an arrival note for it. Returns turns paired.
+_PAIR_BACK = """
+local P, SEEN, s = ARGV[1], ARGV[2], ARGV[3]
+local function pair_back(k, nxt, note_ttl)
+  local m = k - 1
+  while m >= 0 and redis.call('EXISTS', P .. 'side:' .. s .. ':' .. m) == 1 do m = m - 1 end
+  if m < 0 then return 0 end
+  local prev = P .. 'g:' .. s .. ':' .. m
+  local members = redis.call('SMEMBERS', prev)
+  local claimed = {}
+  for _, member in ipairs(members) do
+    if redis.call('ZREM', KEYS[1], member) == 1 then table.insert(claimed, member) end
+  end
+  if #claimed > 0 then
+    redis.call('XADD', KEYS[2], '*', 'keys', cjson.encode(claimed), 'next', nxt)
+    redis.call('DEL', prev)
+    return #claimed
+  end
+  if #members == 0 and redis.call('EXISTS', SEEN .. s .. ':' .. m .. ':0') == 0 then
+    redis.call('SET', P .. 'a:' .. s .. ':' .. (m + 1), nxt, 'EX', note_ttl)
+  end
+  return 0
+end
+"""
+
+_ADD_TURN = (
+    _PAIR_BACK
+    + """
+local idx = ARGV[4]
 local k = tonumber(idx)
 local key = s .. ':' .. idx .. ':' .. ARGV[5]
 local waiting = P .. 'w:' .. key
@@ -47,22 +82,7 @@ if redis.call('EXISTS', waiting) == 1 or redis.call('EXISTS', SEEN .. key) == 1 
   return {'duplicate', 0}
 end
 local ttl = tonumber(ARGV[9])
-local paired = 0
-if k > 0 then
-  local prev = P .. 'g:' .. s .. ':' .. (k - 1)
-  local members = redis.call('SMEMBERS', prev)
-  local claimed = {}
-  for _, m in ipairs(members) do
-    if redis.call('ZREM', KEYS[1], m) == 1 then table.insert(claimed, m) end
-  end
-  if #claimed > 0 then
-    redis.call('XADD', KEYS[2], '*', 'keys', cjson.encode(claimed), 'next', ARGV[7])
-    redis.call('DEL', prev)
-    paired = #claimed
-  elseif #members == 0 and redis.call('EXISTS', SEEN .. s .. ':' .. (k - 1) .. ':0') == 0 then
-    redis.call('SET', P .. 'a:' .. s .. ':' .. idx, ARGV[7], 'EX', tonumber(ARGV[10]))
-  end
-end
+local paired = pair_back(k, ARGV[7], tonumber(ARGV[10]))
 local group = P .. 'g:' .. s .. ':' .. idx
 redis.call('SET', waiting, ARGV[6], 'EX', ttl)
 redis.call('SADD', group, key)
@@ -81,6 +101,22 @@ local deadline = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[8])
 redis.call('ZADD', KEYS[1], string.format('%.6f', deadline), key)
 return {'waiting', paired}
 """
+)
+
+# KEYS: 1 deadlines, 2 ready
+# ARGV: 1 state prefix, 2 seen-marker prefix, 3 session, 4 index, 5 ttl s, 6 arrival ttl s
+_ADD_SIDE = (
+    _PAIR_BACK
+    + """
+local k = tonumber(ARGV[4])
+redis.call('SET', P .. 'side:' .. s .. ':' .. k, '1', 'EX', tonumber(ARGV[5]))
+local note = P .. 'a:' .. s .. ':' .. (k + 1)
+local nxt = redis.call('GET', note)
+if not nxt then return 0 end
+redis.call('DEL', note)
+return pair_back(k, nxt, tonumber(ARGV[6]))
+"""
+)
 
 # KEYS: 1 group, 2 feedback key, 3 deadlines, 4 ready, 5 seen marker of sample 0
 # ARGV: 1 feedback json, 2 ttl s
@@ -173,6 +209,7 @@ class PairingStore:
         self.scored_stream = bus.stream_key(scored_stream)
         self.deadlines = PREFIX + "deadlines"
         self._add_turn = client.register_script(_ADD_TURN)
+        self._add_side = client.register_script(_ADD_SIDE)
         self._add_feedback = client.register_script(_ADD_FEEDBACK)
         self._sweep = client.register_script(_SWEEP)
         self._commit = client.register_script(_COMMIT)
@@ -205,6 +242,19 @@ class PairingStore:
                 args += [t.sample_index, t.raw]
                 args += [t.messages_json, self.timeout_s, self.ttl_s, self.arrival_ttl_s]
                 await self._add_turn(keys=keys, args=args, client=pipe)
+            return list(await pipe.execute(raise_on_error=False))
+
+    async def add_side_turns(self, turns: list[tuple[str, int]]) -> list[Any]:
+        """Mark (session, index) as side turns; per turn, predecessors paired or an exception."""
+        if not turns:
+            return []
+        seen = seen_marker(self.scored_stream, "")
+        keys = [self.deadlines, READY]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for session_id, turn_index in turns:
+                args: list[str | int] = [PREFIX, seen, session_id, turn_index, self.ttl_s]
+                args.append(self.arrival_ttl_s)
+                await self._add_side(keys=keys, args=args, client=pipe)
             return list(await pipe.execute(raise_on_error=False))
 
     async def add_feedback(self, items: list[tuple[Feedback, str]]) -> list[Any]:

@@ -41,13 +41,18 @@ class Job:
     @classmethod
     def parse(cls, entry: Entry) -> Job:
         """Decode a ready-stream entry; raises ValueError if malformed."""
-        keys = json.loads(entry.fields["keys"])
+        keys = json.loads(entry.fields.get("keys") or "null")
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise ValueError("job keys must be a list of turn keys")
         nxt = entry.fields.get("next")
+        messages = json.loads(nxt) if nxt else None
+        if messages is not None and not (
+            isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+        ):
+            raise ValueError("a job's next state must be a list of messages")
         raw_fb = entry.fields.get("feedback")
         feedback = Feedback.model_validate_json(raw_fb) if raw_fb else None
-        return cls(entry, keys, json.loads(nxt) if nxt else None, feedback)
+        return cls(entry, keys, messages, feedback)
 
 
 Outcome = list[tuple[JudgeRequest, TurnHead, str, Verdict | None]]

@@ -285,3 +285,44 @@ async def test_no_opinion_after_timeout_leaves_the_turn_unscored_and_counted(
         await wait_for(unscored)
     assert [s.key for s in await scored(aredis_client)] == ["u:0:0"]
     assert await aredis_client.keys("liveloop:prm:w:*") == []
+
+
+async def _consumed(client: aredis.Redis, n: int) -> bool:
+    """The judging loop has read and acknowledged the first n turns-stream entries."""
+    for group in await client.xinfo_groups(bus.stream_key(bus.TURNS)):
+        if group["name"] == "prm":
+            return int(group.get("entries-read") or 0) >= n and int(group["pending"]) == 0
+    return False
+
+
+def _with_side_turns(session: str, sides: int, reply: str) -> list[Any]:
+    """Main turn 0, `sides` side turns, then main turn 1 + sides answering turn 0."""
+    first = conversation(session, [user("hello")])[0]
+    history = [*first.messages, first.response, user(reply)]
+    middle = [
+        make_turn(session, 1 + j, [user("a title for this chat?")], "Chat", turn_type="side")
+        for j in range(sides)
+    ]
+    return [first, *middle, make_turn(session, 1 + sides, history, "ok")]
+
+
+async def test_side_turns_between_main_turns_do_not_break_pairing(
+    aredis_client: aredis.Redis, redis_url: str
+) -> None:
+    """A side turn between two main turns: the earlier main turn still pairs with the later
+    one (not a timeout), whether the side turns arrive before or after the later main turn."""
+    in_order = _with_side_turns("a", 1, "thanks, perfect")
+    reversed_ = _with_side_turns("b", 2, "no, that's wrong")[::-1]  # main 3, side 2, side 1, main 0
+    async with judging(aredis_client, fast_settings(redis_url, next_state_timeout_s=30)) as svc:
+        await write_turns(aredis_client, in_order)
+        written = len(in_order)
+        for turn in reversed_:  # one at a time, each taken in before the next is written
+            await wait_for(lambda n=written: _consumed(aredis_client, n))  # type: ignore[misc]
+            await write_turns(aredis_client, [turn])
+            written += 1
+        await wait_for(lambda: count_is(aredis_client, "liveloop:scored", 2))
+        await wait_for(lambda: _consumed(aredis_client, written))
+    got = {s.key: (s.score, s.signal) for s in await scored(aredis_client)}
+    assert got == {"a:0:0": (1.0, "next_turn"), "b:0:0": (-1.0, "next_turn")}
+    assert metric(svc, "liveloop_prm_turns_total", outcome="side") == 3
+    assert await aredis_client.zcard("liveloop:prm:deadlines") == 2  # a:2 and b:3 wait on
