@@ -5,11 +5,14 @@ together; `GroupAssembler` holds each group open for `group_wait_s` after its fi
 then the group is closed. A group of two or more gets advantages (score - mean) / (std + eps)
 (all zero when every sample scored the same); a lone sample gets score minus the running
 baseline of its judge, an exponential moving average with bias correction, so the first
-scores of a judge are not measured against an arbitrary zero.
+scores of a judge are not measured against an arbitrary zero. The baselines are state that
+must survive a restart (a collector starting from zero would measure the next scores against
+nothing): `Baselines.dump`/`load` give them a JSON form the loop keeps in Redis.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -90,6 +93,25 @@ class Baselines:
         if judge not in self.by_judge:
             self.by_judge[judge] = RunningBaseline(self.decay)
         return self.by_judge[judge]
+
+    def dump(self, judges: set[str] | None = None) -> dict[str, str]:
+        """JSON state of the baselines (of `judges` only, if given), by judge name."""
+        return {
+            name: json.dumps({"raw": b.raw, "count": b.count})
+            for name, b in self.by_judge.items()
+            if judges is None or name in judges
+        }
+
+    def load(self, state: dict[str, str]) -> None:
+        """Restore baselines from `dump()` output; unreadable entries are skipped."""
+        for name, raw in state.items():
+            try:
+                data = json.loads(raw)
+                baseline = RunningBaseline(self.decay, float(data["raw"]), int(data["count"]))
+            except (ValueError, TypeError, KeyError):
+                continue
+            if baseline.count >= 0 and math.isfinite(baseline.raw):
+                self.by_judge[name] = baseline
 
     def assign(self, group: list[PendingSample]) -> None:
         """Set the advantages of a closed group, then fold its scores into the baselines."""

@@ -7,7 +7,9 @@ advantages when a group closes, and packs ready turns into batches. A turn's str
 is acknowledged only once the batch holding it is published (or once it is rejected), so a
 crash loses nothing: the collector's pending entries come back to it on restart, and the
 batch writer refuses turns that were already published. Nothing here waits on the server
-or the trainer: the trainer's version is a cached read of `liveloop:weights`.
+or the trainer: the trainer's version is a cached read of `liveloop:weights`. The running
+reward baselines are kept in Redis (`liveloop:collector:baselines`), written after each step
+that moved them and read back at start, so a restarted collector goes on from them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import redis.asyncio as aredis
 from pydantic import ValidationError
@@ -31,6 +34,7 @@ from liveloop.contracts import ScoredTurn
 log = logging.getLogger(__name__)
 
 COLLECTOR_GROUP = "collector"
+BASELINES_KEY = "liveloop:collector:baselines"
 IDLE_BLOCK_MS = 1000
 BUSY_BLOCK_MS = 100
 
@@ -87,6 +91,12 @@ class Collector:
     async def start(self) -> None:
         """Create the consumer group and read the trainer's version."""
         await self.consumer.ensure_group()
+        stored: Any = await self.client.hgetall(BASELINES_KEY)  # type: ignore[misc]
+        self.baselines.load({str(k): str(v) for k, v in stored.items()})
+        for judge, baseline in self.baselines.by_judge.items():
+            self.metrics.baseline.labels(judge).set(baseline.value)
+        if self.baselines.by_judge:
+            log.info("reward baselines restored for %s", ", ".join(sorted(self.baselines.by_judge)))
         self.metrics.trainer_version.set(await self.versions.current(force=True))
 
     async def run(self) -> None:
@@ -102,14 +112,19 @@ class Collector:
         entries = await self.consumer.read(block_ms=block_ms)
         now = time.monotonic()
         await self._intake(entries, now)
+        moved: set[str] = set()
         for group in self.groups.pop_closed(now):
             self.baselines.assign(group)
             for p in group:
+                moved.add(p.turn.judge)
                 self.metrics.reward.labels(str(p.main_version)).observe(p.turn.score)
                 self.metrics.baseline.labels(p.turn.judge).set(
                     self.baselines.get(p.turn.judge).value
                 )
             self.ready.extend(group)
+        if moved:
+            state: Any = self.baselines.dump(moved)
+            await self.client.hset(BASELINES_KEY, mapping=state)  # type: ignore[misc]
         await self._flush(now)
         self.metrics.pending.set(len(self._held_entries))
 

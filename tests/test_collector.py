@@ -119,6 +119,26 @@ def test_running_baseline_is_a_bias_corrected_ema_per_judge() -> None:
     assert [p.advantage for p in group] == [0.0, 0.0]
 
 
+async def test_reward_baselines_survive_a_restart(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    await publish_turns(aredis_client, [scored_turn(f"a{i}", score=1.0) for i in range(3)])
+    first = await make_collector(aredis_client, redis_url, data_dir)
+    await run_steps(first)
+    before = first.baselines.get("rules")
+    assert before.count == 3 and before.value == pytest.approx(1.0)
+    # A new process (the first one crashed): it starts from the stored baselines, not zero.
+    await publish_turns(aredis_client, [scored_turn("b0", score=0.0)])
+    second = await make_collector(aredis_client, redis_url, data_dir)
+    assert second.baselines.get("rules") == before
+    assert second.metrics.baseline.labels("rules")._value.get() == pytest.approx(1.0)
+    await run_steps(second)
+    adv = {s.key: s.advantage for b in await batches(aredis_client) for s in b.samples or []}
+    assert adv["b0:0:0"] == pytest.approx(-1.0)  # 0.0 against the baseline 1.0, not 0
+    third = await make_collector(aredis_client, redis_url, data_dir)
+    assert third.baselines.get("rules").count == 4
+
+
 def pending(tokens: int, key: str, arrived: float = 0.0) -> PendingSample:
     turn = scored_turn(key, prompt_len=tokens - 1, completion_len=1)
     return PendingSample(f"id-{key}", turn, arrived)
