@@ -15,6 +15,10 @@ Three bare variants run, and the trainer is compared with the fastest:
   cross-entropy on them, i.e. the trainer's data path without anything PPO adds (the
   proximal and importance-weight arithmetic, entropy and KL statistics, gradient clipping).
 
+The trainer also runs a second time with its KL anchor on (`trainer_anchored`: the frozen
+reference model, one extra no-grad forward per micro-batch for its log-probs, the penalty
+in the loss, and the per-version drift sums), so the anchor's cost shows side by side.
+
 Tokens per second counts real tokens (prompt + completion) for every variant. Each
 variant runs `--warmup` untimed and `--iters` timed iterations on its own fresh copy of
 the model; the median iteration time is reported.
@@ -41,6 +45,7 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 
 import torch
 
+from liveloop.config.defaults import model_defaults
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
 from liveloop.models import load_model
@@ -173,12 +178,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
 
-    cfg = TrainerConfig()
+    cfg = TrainerConfig(kl_coef=0.0)
     policy = load_policy(args.model, "cpu", cfg.lora)
     samples = make_batch(args.samples, len(policy.tokenizer), args.seed)
     tokens = sum(sample_tokens(s) for s in samples)
     updater = PPOUpdater(policy, cfg)
     trainer_s = timed(lambda: updater.update(samples), args.warmup, args.iters)
+    kl_coef = model_defaults(args.model).kl_coef
+    anchored_cfg = TrainerConfig(kl_coef=kl_coef)
+    anchored = PPOUpdater(
+        load_policy(args.model, "cpu", cfg.lora, with_reference=True), anchored_cfg
+    )
+    anchored_s = timed(lambda: anchored.update(samples), args.warmup, args.iters)
 
     pad_id = policy.tokenizer.pad_token_id or 0
     padded = padded_micro_batches(samples, cfg.micro_batch_tokens, pad_id)
@@ -199,6 +210,9 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "trainer_tokens_per_s": round(tokens / trainer_s, 1),
+        "trainer_anchored_tokens_per_s": round(tokens / anchored_s, 1),
+        "anchor_kl_coef": kl_coef,
+        "anchor_time_ratio": round(anchored_s / trainer_s, 3),
         "bare_padded_tokens_per_s": round(tokens / bare_padded_s, 1),
         "bare_packed_tokens_per_s": round(tokens / bare_packed_s, 1),
         "bare_sliced_tokens_per_s": round(tokens / bare_sliced_s, 1),

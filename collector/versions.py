@@ -21,14 +21,20 @@ from liveloop.contracts import WeightsAnnouncement
 log = logging.getLogger(__name__)
 
 
+LATEST_SCAN = 16  # newest announcements looked at for the newest servable one
+
+
 async def latest_announced_version(client: aredis.Redis) -> int | None:
-    """Version of the newest `liveloop:weights` entry, or None when there is none."""
-    entries: Any = await client.xrevrange(bus.stream_key(bus.WEIGHTS), count=1)
+    """Version of the newest servable `liveloop:weights` entry (rejected ones are skipped)."""
+    entries: Any = await client.xrevrange(bus.stream_key(bus.WEIGHTS), count=LATEST_SCAN)
     for _id, fields in entries or []:
         try:
-            return bus.decode(fields or {}, WeightsAnnouncement).version
+            announcement = bus.decode(fields or {}, WeightsAnnouncement)
         except (ValidationError, ValueError) as exc:
             log.warning("unreadable weights announcement %s: %s", _id, exc)
+            continue
+        if announcement.servable:
+            return announcement.version
     return None
 
 

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "collect": "the collecting loop",
         "train": "the training loop",
         "demo": "`up` plus simulated users, ending with a report",
-        "eval": "simulated users against one policy version, not recorded",
+        "eval": "quality of every policy version; held-out users against one, not recorded",
         "redis": "run the embedded Valkey in the foreground",
     }
     cmds = {name: sub.add_parser(name, help=text, description=text) for name, text in helps.items()}
@@ -59,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("demo", "eval"):
         cmds[name].add_argument("--minutes", type=float, help="bound on the run's length")
         cmds[name].add_argument("--users", type=int, help="concurrent simulated users")
-    cmds["eval"].add_argument("--version", type=int, help="policy version to evaluate")
+    cmds["eval"].add_argument(
+        "--version", type=int, help="also replay held-out users against this policy version"
+    )
+    cmds["eval"].add_argument(
+        "--held-out", action="store_true", help="also replay held-out users against the latest"
+    )
+    cmds["eval"].add_argument("--json", action="store_true", help="quality as JSON")
     judge = cmds["judge"]
     judge.add_argument("--replay", action="store_true", help="re-score historical turns")
     judge.add_argument("--judge", action="append", help="judge name for --replay (repeatable)")
@@ -125,9 +131,13 @@ def _run_demo(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 
 
 def _run_eval(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
-    from liveloop.demo.run import run_eval
+    from liveloop.evaluation import print_quality
 
-    run_eval(settings, version=args.version)
+    print_quality(settings.effective_db_url, as_json=args.json)
+    if args.version is not None or args.held_out:
+        from liveloop.demo.run import run_eval
+
+        run_eval(settings, version=args.version)
 
 
 def _run_redis(settings: LiveLoopSettings, args: argparse.Namespace) -> None:

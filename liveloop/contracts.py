@@ -134,3 +134,13 @@ class WeightsAnnouncement(Contract):
     parent: int | None = None
     created_at: float = Field(default_factory=time.time)
     metrics: dict[str, float] = Field(default_factory=dict)
+    status: Literal["accepted", "rejected"] = Field(
+        "accepted",
+        description="'rejected': the promotion gate refused this version; it is never served.",
+    )
+    reason: str | None = Field(None, description="Why a rejected version was refused.")
+
+    @property
+    def servable(self) -> bool:
+        """True for a version servers may load (every accepted one)."""
+        return self.status == "accepted"

@@ -63,13 +63,16 @@ class StatsReader:
             pipe.xlen(f"liveloop:{name}")
         for name in ("turns", "scored", "batches", "feedback"):
             pipe.xlen(f"liveloop:{name}:dlq")
-        pipe.xrevrange("liveloop:weights", count=1)
+        pipe.xrevrange("liveloop:weights", count=16)
         pipe.xrevrange("liveloop:scored", count=self.window)
         res: list[Any] = pipe.execute()
         snap = Snapshot(at=time.time(), turns=res[0], scored=res[1], batches=res[2])
         snap.dead_letters = sum(res[3:7])
-        if res[7]:
-            snap.policy_version = int(json.loads(res[7][0][1]["data"])["version"])
+        for _id, fields in res[7]:  # the newest version servers may load (not a rejected one)
+            announced = json.loads(fields["data"])
+            if announced.get("status", "accepted") == "accepted":
+                snap.policy_version = int(announced["version"])
+                break
         scores, stale = [], []
         for _id, fields in res[8]:
             data = json.loads(fields["data"])

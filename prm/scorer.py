@@ -20,11 +20,12 @@ from typing import Any
 from liveloop.bus import Entry
 from liveloop.contracts import Feedback, ScoredTurn, TurnRecord
 from liveloop.prm.consumer import PrmConsumer
-from liveloop.prm.judges.base import JudgeError, JudgeRequest, NextState, TurnHead
+from liveloop.prm.judges.base import JudgeError, JudgeRequest, NextState, TurnHead, message_text
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.nextstate import new_messages
 from liveloop.prm.pairing import PairingStore
 from liveloop.prm.panel import JudgePanel, Verdict
+from liveloop.quality import QualityStore
 
 log = logging.getLogger(__name__)
 
@@ -193,27 +194,40 @@ class Scorer:
         """One pipeline: scored entries (once per turn), state clean-up, job acks."""
         if not done:
             return
-        commits: list[tuple[int, str]] = []  # (position in the pipeline, signal)
-        unscored = 0
+        # (position in the pipeline, signal, turn, score) of every scored entry
+        commits: list[tuple[int, str, TurnHead, float]] = []
+        finished: list[tuple[TurnHead, float | None]] = []  # for the per-version quality
         async with self.store.client.pipeline(transaction=False) as pipe:
             for _job, outcome in done:
                 for request, head, raw, verdict in outcome:
                     if verdict is None:
                         self.store.queue_drop(pipe, head.key, head.session_id, head.turn_index)
-                        unscored += 1
+                        finished.append((head, None))
                         continue
-                    commits.append((len(pipe.command_stack), request.signal))
+                    commits.append((len(pipe.command_stack), request.signal, head, verdict.score))
                     fields = scored_fields(request, head, raw, verdict, self.consumer.consumer)
                     await self.store.queue_commit(pipe, head, fields)
             self.consumer.queue_ack(pipe, *(job.entry.id for job, _ in done))
             results = await pipe.execute()
-        self.metrics.turns.labels("unscored").inc(unscored)
-        for position, signal in commits:
+        self.metrics.turns.labels("unscored").inc(len(finished))
+        for position, signal, head, score in commits:
             if results[position] == 1:
                 self.metrics.turns.labels("scored").inc()
                 self.metrics.scored.labels(signal).inc()
+                finished.append((head, score))
             else:
                 self.metrics.turns.labels("duplicate").inc()
+        await self._count_quality(finished)
+
+    async def _count_quality(self, finished: list[tuple[TurnHead, float | None]]) -> None:
+        """Per-version quality counters of the turns finished just now (after their commit)."""
+        if not finished:
+            return
+        async with self.store.client.pipeline(transaction=False) as pipe:
+            for head, score in finished:
+                text = message_text(head.response)
+                QualityStore.queue_turn(pipe, head.min_version, score, text)
+            await pipe.execute()
 
     async def _failed(self, job: Job, error: BaseException, raws: list[str | None]) -> None:
         message = (
@@ -228,6 +242,8 @@ class Scorer:
             self.metrics.dead_letters.labels(self.consumer.dead_letter_stream).inc(len(dead))
             self.metrics.turns.labels("dead_letter").inc(len(dead))
             await self._forget(job.keys, raws)
+            heads = [TurnHead.model_validate_json(raw) for raw in raws if raw is not None]
+            await self._count_quality([(head, None) for head in heads])
 
     async def _forget(self, keys: list[str], raws: list[str | None]) -> None:
         async with self.store.client.pipeline(transaction=False) as pipe:

@@ -131,6 +131,24 @@ def test_demo_on_tiny_random_learns_within_three_minutes(tmp_path: Path) -> None
     held_out = report["eval"]
     assert "version 0" in held_out and any("final" in k for k in held_out)
     assert "never retrieved" not in done.stderr  # e.g. a client closed after its loop
+    # Quality beside the reward: the platform's per-version measures, the gate's probes,
+    # the held-out replies of both versions, and a headline that states both.
+    platform = report["platform"]
+    assert platform["0"]["probe"]["ref_nll"] > 0 and platform["0"]["status"] == "base"
+    served = [e["served"] for e in platform.values() if e.get("served")]
+    assert any(s["ref_nll"] is not None and s["judged"] > 0 for s in served)
+    assert any(e.get("status") == "accepted" and e.get("probe") for e in platform.values())
+    headline = report["headline"]
+    assert headline["reward_gain"] == report["improvement"]
+    assert set(headline["quality_kept"]) == {"topic_rate", "ref_nll", "symbols"}
+    assert all(len(row["replies"]) == 24 for row in held_out.values())
+    markdown = (out / "report.md").read_text()
+    assert "Judged reward gain" in markdown and "The same held-out questions" in markdown
+    eval_cmd = [*CLI, "eval", "--data-dir", str(out / "run")]
+    table = subprocess.run(eval_cmd, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr[-2000:]
+    header, first = table.stdout.splitlines()[:2]
+    assert "probe-reward" in header and first.split()[:2] == ["0", "base"]
 
 
 @pytest.mark.slow

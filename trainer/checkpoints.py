@@ -43,6 +43,8 @@ class TrainerState:
     parent: int | None
     applied_batches: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    status: str = "accepted"  # "rejected": refused by the promotion gate, never served
+    reason: str | None = None
 
 
 class CheckpointStore:
@@ -68,9 +70,11 @@ class CheckpointStore:
                 found.append(int(match.group(1)))
         return sorted(found)
 
-    def latest(self) -> int | None:
-        """The newest complete checkpoint's version, or None."""
+    def latest(self, *, accepted_only: bool = False) -> int | None:
+        """The newest complete checkpoint's version (optionally the newest accepted), or None."""
         found = self.versions()
+        if accepted_only:
+            found = [v for v in found if self.load_state(v).status == "accepted"]
         return found[-1] if found else None
 
     def save(
@@ -133,10 +137,11 @@ class CheckpointStore:
         path = self.path_for(version) / STATE_DIR / "optimizer.pt"
         optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
-    def prune(self) -> list[int]:
-        """Delete all but the newest `keep` checkpoints (and stale temp dirs); returns versions."""
+    def prune(self, protect: frozenset[int] = frozenset()) -> list[int]:
+        """Delete all but the newest `keep` checkpoints and `protect` (the last accepted one,
+        which a refused successor must be able to revert to); returns the deleted versions."""
         found = self.versions()
-        doomed = found[: max(len(found) - self.keep, 0)]
+        doomed = [v for v in found[: max(len(found) - self.keep, 0)] if v not in protect]
         for version in doomed:
             shutil.rmtree(self.path_for(version), ignore_errors=True)
         for tmp in [*self.root.glob(".v*.tmp-*"), *self.root.glob(".tokenizer-*")]:

@@ -11,7 +11,7 @@ the same update up to float summation order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from liveloop.contracts import BatchSample
@@ -53,6 +53,8 @@ class MicroBatch:
     advantages: torch.Tensor  # [N] the sample's advantage, per token
     num_tokens: int  # T: tokens in the forward pass
     num_samples: int
+    # (completion tokens, oldest version) of each sample, in row order
+    segments: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_targets(self) -> int:
@@ -87,6 +89,7 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
     targets: list[int] = []
     behaviour: list[float] = []
     advantages: list[float] = []
+    segments: list[tuple[int, int]] = []
     for sample in samples:
         start = len(ids)
         seq = sample.prompt_token_ids + sample.completion_token_ids
@@ -97,6 +100,7 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
         targets += sample.completion_token_ids
         behaviour += sample.logprobs
         advantages += [sample.advantage] * len(sample.completion_token_ids)
+        segments.append((len(sample.completion_token_ids), min(sample.versions, default=0)))
     return MicroBatch(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
@@ -106,6 +110,7 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
         advantages=torch.tensor(advantages, dtype=torch.float32, device=device),
         num_tokens=len(ids),
         num_samples=len(samples),
+        segments=segments,
     )
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from liveloop.quality import DriftSums
+
 if TYPE_CHECKING:
     import torch
 
@@ -78,6 +80,20 @@ class Comm:
             n = p.numel()
             p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
+
+    def merge_drift(self, drift: dict[int, DriftSums]) -> dict[int, DriftSums]:
+        """Per-version drift sums added over ranks (every rank gets the total)."""
+        if self.world == 1:
+            return drift
+        import torch.distributed as dist
+
+        parts: list[dict[int, DriftSums] | None] = [None] * self.world
+        dist.all_gather_object(parts, drift)
+        total: dict[int, DriftSums] = {}
+        for part in parts:
+            for version, sums in (part or {}).items():
+                total.setdefault(version, DriftSums()).add(sums)
+        return total
 
     def close(self) -> None:
         """Leave the process group."""

@@ -1,12 +1,16 @@
 """The training loop: batches in, policy versions out, never waiting on the server.
 
 `Trainer.run()` (rank 0) reads one batch, drops samples that are invalid or too stale for
-the current version, runs one update (`PPOUpdater`), writes checkpoint `v<N+1>`, records it
-in the registry, announces it on `liveloop:weights`, prunes old checkpoints, and only then
-acknowledges the batch. With several ranks, rank 0 broadcasts every step's message
-(a batch, idle, or stop) and the others run `follow()`. After a restart the trainer resumes
-from its newest checkpoint: weights, optimizer state, version, and the batch ids it has
-applied, so a re-delivered batch is acknowledged without being trained twice.
+the current version, runs one update (`PPOUpdater`), lets the promotion gate probe the new
+weights (`liveloop.trainer.gate`), writes checkpoint `v<N>`, records it in the registry as
+accepted or rejected, announces it on `liveloop:weights`, prunes old checkpoints, and only
+then acknowledges the batch. After a rejection the trainer goes back to the last accepted
+version's weights and optimizer state (or, if so configured, trains on from the rejected
+ones); version numbers are never reused. With several ranks, rank 0 broadcasts every step's
+message (a batch, a revert, idle, or stop) and the others run `follow()`. After a restart
+the trainer resumes from its newest accepted checkpoint: weights, optimizer state, version,
+and the batch ids it has applied, so a re-delivered batch is not trained twice. Alongside,
+it exports each version's quality on served traffic (`liveloop.trainer.reporting`).
 """
 
 from __future__ import annotations
@@ -17,17 +21,23 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from liveloop import bus
 from liveloop.config import LiveLoopSettings
+from liveloop.config.defaults import model_defaults
+from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
+from liveloop.quality import QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 from liveloop.trainer.data import validate_sample
 from liveloop.trainer.dist import Comm
+from liveloop.trainer.gate import GateVerdict, PromotionGate, build_panel
 from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater, UpdateStats
+from liveloop.trainer.reporting import QualityReporter
 from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch
 
 log = logging.getLogger(__name__)
@@ -37,8 +47,17 @@ log = logging.getLogger(__name__)
 class StepMessage:
     """What rank 0 tells every rank to do next."""
 
-    kind: str  # "batch", "idle" or "stop"
+    kind: str  # "batch", "revert", "idle" or "stop"
     samples: list[BatchSample] = field(default_factory=list)
+    version: int = 0  # the version to go back to ("revert")
+
+
+def resolved_config(settings: LiveLoopSettings) -> TrainerConfig:
+    """The trainer settings with model-dependent defaults filled in (the KL coefficient)."""
+    cfg = settings.trainer
+    if cfg.kl_coef is None:
+        cfg = cfg.model_copy(update={"kl_coef": model_defaults(settings.model).kl_coef})
+    return cfg
 
 
 class Trainer:
@@ -52,13 +71,17 @@ class Trainer:
         comm: Comm | None = None,
     ) -> None:
         self.settings = settings
-        self.cfg = settings.trainer
+        self.cfg = resolved_config(settings)
         self.metrics = metrics or TrainerMetrics()
         self.comm = comm or Comm()
         self.store = CheckpointStore(settings.checkpoints_dir, self.cfg.keep_checkpoints)
         self.state = TrainerState(version=0, parent=None)
+        self.next_version = 1
         self.updater: PPOUpdater | None = None
+        self.gate: PromotionGate | None = None
+        self.quality: QualityStore | None = None
         self.updates_done = 0
+        self.rejected = 0
         self.last_stats: UpdateStats | None = None
         self._stop = threading.Event()
 
@@ -74,24 +97,40 @@ class Trainer:
     # -- set-up (every rank) -------------------------------------------------------------
 
     def setup(self) -> None:
-        """Load the policy from the newest checkpoint (or the base model) and its optimizer."""
+        """Load the policy from the newest accepted checkpoint (or the base model)."""
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no per-checkpoint progress bars in the logs
-        latest = self.comm.broadcast(self.store.latest() if self.comm.is_main else None)
-        checkpoint = self.store.path_for(latest) if latest is not None else None
+        accepted_only = self.cfg.gate.on_reject == "revert"
+        latest = self.store.latest(accepted_only=accepted_only) if self.comm.is_main else None
+        highest = max(self.store.versions(), default=0) if self.comm.is_main else 0
+        latest, highest = self.comm.broadcast((latest, highest))
+        self._load(latest)
+        self.next_version = max(highest, self.version) + 1
+        if latest is not None:
+            log.info("resumed from checkpoint v%d", latest)
+
+    def _load(self, version: int | None) -> None:
+        """Weights, optimizer state and trainer state of a checkpoint (None: the base model)."""
+        checkpoint = self.store.path_for(version) if version else None
         policy = load_policy(
             self.settings.model,
             self.cfg.device,
             self.cfg.lora,
             checkpoint=checkpoint,
-            with_reference=self.cfg.kl_coef > 0,
+            with_reference=bool(self.cfg.kl_coef) or self.cfg.measure_drift or self.gated,
         )
         self.updater = PPOUpdater(policy, self.cfg, self.comm)
-        if latest is not None:
-            self.store.load_optimizer(latest, self.updater.optimizer)
-            self.state = self.store.load_state(latest)
-            log.info("resumed from checkpoint v%d", latest)
+        if version:
+            self.store.load_optimizer(version, self.updater.optimizer)
+            self.state = self.store.load_state(version)
+        else:
+            self.state = TrainerState(version=0, parent=None)
+
+    @property
+    def gated(self) -> bool:
+        """True when new versions pass the promotion gate before they are announced."""
+        return self.cfg.gate.enabled
 
     def _updater(self) -> PPOUpdater:
         if self.updater is None:
@@ -109,6 +148,8 @@ class Trainer:
                 return
             if message.kind == "batch":
                 self._updater().update(message.samples)
+            if message.kind == "revert":
+                self._load(message.version or None)
 
     # -- rank 0 ------------------------------------------------------------------------
 
@@ -133,16 +174,34 @@ class Trainer:
             consumer=self.cfg.consumer_name,
             claim_idle_ms=self.cfg.claim_idle_ms,
         )
+        self.quality = QualityStore(client)
+        reporter = QualityReporter(self.quality, registry, self.metrics.registry)
+        reporting = asyncio.create_task(reporter.run(self.cfg.quality_interval_s))
         status = "failed"
         try:
             await source.start()
+            await self._start_gate(registry)
             await self._reconcile(publisher)
             await self._lead(source, publisher)
             status = "finished"
         finally:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
+            await reporter.report()  # the last figures, after the last update
             await asyncio.to_thread(registry.finish_run, run_id, status)
             registry.close()
             await client.aclose()
+
+    async def _start_gate(self, registry: Registry) -> None:
+        """Probe version 0 and the serving version once, before the first update."""
+        if not self.gated:
+            return
+        self.gate = PromotionGate(self.settings, build_panel(self.settings))
+        await self.gate.start(self._updater().policy, self.version)
+        assert self.gate.version0 is not None
+        await asyncio.to_thread(
+            registry.record_version_quality, 0, probe=self.gate.version0.model_dump()
+        )
 
     def _redis_url(self) -> str:
         if not self.settings.redis_url:
@@ -220,34 +279,95 @@ class Trainer:
     ) -> None:
         self.metrics.batch_wait.observe(max(time.time() - item.batch.created_at, 0.0))
         stats = await asyncio.to_thread(self._updater().update, samples)
+        if self.quality is not None:
+            await self.quality.add_drift(stats.drift)
+        verdict = await self._judge_candidate()
         started = time.perf_counter()
         metrics = stats.as_metrics()
         metrics["reward_mean"] = sum(s.score for s in samples) / len(samples)
+        accepted = verdict is None or verdict.accepted
         state = TrainerState(
-            version=self.version + 1,
+            version=self.next_version,
             parent=self.version,
             applied_batches=[*self.state.applied_batches, item.batch.batch_id],
             metrics=metrics,
+            status="accepted" if accepted else "rejected",
+            reason=verdict.reason if verdict else None,
         )
         path = await asyncio.to_thread(self._save, state)
-        await asyncio.to_thread(publisher.record, state.version, path, state.parent, metrics)
-        await publisher.announce(state.version, path, state.parent, metrics)
-        pruned = await asyncio.to_thread(self.store.prune)
+        await self._publish(publisher, state, path, verdict)
+        self.next_version += 1
+        if accepted or self.cfg.gate.on_reject == "continue":
+            self.state = state
+        else:
+            await self._revert(state)
+        protect = frozenset({self.version})
+        pruned = await asyncio.to_thread(self.store.prune, protect)
         await asyncio.to_thread(publisher.forget, pruned)
         await source.done(item)
-        self.state = state
         self.updates_done += 1
         self.last_stats = stats
         self.metrics.publish_seconds.set(time.perf_counter() - started)
-        self.metrics.observe_update(stats, state.version)
+        self.metrics.observe_update(stats, self.version)
         log.info(
-            "v%d: %d samples, loss %.4f, %.0f tok/s, kl %.2e",
+            "v%d %s: %d samples, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, entropy %.2f",
             state.version,
+            state.status,
             stats.samples,
             stats.loss,
             stats.tokens_per_s,
             stats.approx_kl,
+            stats.ref_kl,
+            stats.entropy,
         )
+
+    async def _judge_candidate(self) -> GateVerdict | None:
+        """The promotion gate's verdict on the weights just trained (None: no gate)."""
+        if self.gate is None:
+            return None
+        probe = await self.gate.probe(self._updater().policy, self.next_version)
+        verdict = self.gate.decide(probe)
+        self.metrics.observe_gate(verdict.accepted, probe)
+        if verdict.accepted:
+            self.gate.accepted(probe)
+        else:
+            self.rejected += 1
+            log.warning("v%d refused by the promotion gate: %s", self.next_version, verdict.reason)
+        return verdict
+
+    async def _publish(
+        self, publisher: Publisher, state: TrainerState, path: Path, verdict: GateVerdict | None
+    ) -> None:
+        """Record the version (and its probe results) in the registry, then announce it."""
+        status: Literal["accepted", "rejected"] = (
+            "accepted" if state.status == "accepted" else "rejected"
+        )
+        await asyncio.to_thread(
+            publisher.record,
+            state.version,
+            path,
+            state.parent,
+            state.metrics,
+            status=status,
+            reason=state.reason,
+        )
+        if verdict is not None:
+            probe = verdict.probe.model_dump()
+            probe.update(status=status, reason=state.reason)  # outlives a pruned version row
+            await asyncio.to_thread(
+                publisher.registry.record_version_quality, state.version, probe=probe
+            )
+        await publisher.announce(
+            state.version, path, state.parent, state.metrics, status=status, reason=state.reason
+        )
+
+    async def _revert(self, refused: TrainerState) -> None:
+        """Back to the last accepted version's weights and optimizer (on every rank)."""
+        target = self.version
+        if self.comm.world > 1:
+            await asyncio.to_thread(self.comm.broadcast, StepMessage("revert", version=target))
+        await asyncio.to_thread(self._load, target or None)
+        self.state.applied_batches = refused.applied_batches  # consumed, never to be redone
 
     def _save(self, state: TrainerState) -> Path:
         updater = self._updater()

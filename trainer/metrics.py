@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from liveloop.trainer.ppo import UpdateStats
+from liveloop.trainer.probes import ProbeResult
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
@@ -52,6 +53,38 @@ class TrainerMetrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
+
+        self.gate_verdicts = Counter(
+            "liveloop_gate_verdicts",
+            "Promotion-gate verdicts on new versions, by outcome (accepted, rejected).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("accepted", "rejected"):
+            self.gate_verdicts.labels(outcome)
+        self.gate_seconds = Gauge(
+            "liveloop_gate_seconds", "Time the last gate evaluation took.", registry=r
+        )
+        self.probe = Gauge(
+            "liveloop_gate_probe",
+            "The last candidate's probe measures (reward, ref_nll, kl_ref, topic_rate, words).",
+            ["measure"],
+            registry=r,
+        )
+
+    def observe_gate(self, accepted: bool, probe: ProbeResult) -> None:
+        """Record one gate verdict and the candidate's probe measures."""
+        self.gate_verdicts.labels("accepted" if accepted else "rejected").inc()
+        self.gate_seconds.set(probe.seconds)
+        for name, value in (
+            ("reward", probe.reward),
+            ("ref_nll", probe.ref_nll),
+            ("kl_ref", probe.kl_ref),
+            ("topic_rate", probe.topic_rate),
+            ("words", probe.mean_words),
+        ):
+            if value is not None:
+                self.probe.labels(name).set(value)
 
     def _gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(f"liveloop_trainer_{name}", doc, registry=self.registry)

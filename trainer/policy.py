@@ -31,6 +31,11 @@ class Policy:
     lora: bool
     reference: Any | None = None  # frozen initial model for the KL penalty (full fine-tuning)
 
+    @property
+    def has_reference(self) -> bool:
+        """True when reference log-probs can be computed (a frozen copy, or LoRA's base)."""
+        return self.lora or self.reference is not None
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters the optimizer updates, in a fixed order."""
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -53,7 +58,7 @@ class Policy:
                 with self.model.disable_adapter():
                     return completion_logprobs(self.model, mb)[0]
             if self.reference is None:
-                raise RuntimeError("no reference model was loaded (kl_coef is 0)")
+                raise RuntimeError("no reference model was loaded")
             return completion_logprobs(self.reference, mb)[0]
 
 

@@ -11,11 +11,12 @@ matter how it was divided.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
+from liveloop.quality import DriftSums
 from liveloop.trainer.data import MicroBatch, balanced_split, micro_batches
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.loss import LossConfig, LossTerms, decoupled_ppo_loss
@@ -46,6 +47,7 @@ class UpdateStats:
     forward_tokens: int
     optimizer_steps: int
     seconds: float
+    drift: dict[int, DriftSums] = field(default_factory=dict)  # per served version
 
     @property
     def tokens_per_s(self) -> float:
@@ -54,20 +56,40 @@ class UpdateStats:
 
     def as_metrics(self) -> dict[str, float]:
         """Flat float dict for the registry and the weights announcement."""
-        values = {k: float(v) for k, v in asdict(self).items()}
+        values = {f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "drift"}
         values["tokens_per_s"] = self.tokens_per_s
         return values
 
 
 def loss_config(cfg: TrainerConfig) -> LossConfig:
-    """The objective's hyper-parameters from the trainer settings."""
+    """The objective's hyper-parameters from the trainer settings (`kl_coef` resolved)."""
     return LossConfig(
         eps_low=cfg.eps_low,
         eps_high=cfg.eps_high,
         iw_cap=cfg.iw_cap,
         iw_cap_mode=cfg.iw_cap_mode,
-        kl_coef=cfg.kl_coef,
+        kl_coef=cfg.kl_coef or 0.0,
     )
+
+
+def drift_sums(mb: MicroBatch, reference: torch.Tensor) -> dict[int, DriftSums]:
+    """Reference NLL and k3 KL(behaviour || reference) sums of a micro-batch, per version."""
+    import torch
+
+    with torch.no_grad():
+        d = reference - mb.behaviour
+        k3 = torch.exp(d) - d - 1.0
+        out: dict[int, DriftSums] = {}
+        offset = 0
+        for n, version in mb.segments:
+            sums = DriftSums(
+                n,
+                -float(reference[offset : offset + n].sum()),
+                float(k3[offset : offset + n].sum()),
+            )
+            out.setdefault(version, DriftSums()).add(sums)
+            offset += n
+    return out
 
 
 class _Totals:
@@ -137,9 +159,19 @@ class PPOUpdater:
                 for j, mb in enumerate(mbs):
                     if not (fused_first and i == 0):
                         proximal[i, j] = completion_logprobs(self.policy.model, mb)[0]
-                    if self.cfg.kl_coef > 0:
+                    if self.policy.has_reference:
                         reference[i, j] = self.policy.reference_logprobs(mb)
         return proximal, reference
+
+    def _drift(
+        self, plan: list[list[MicroBatch]], reference: dict[tuple[int, int], torch.Tensor]
+    ) -> dict[int, DriftSums]:
+        """Reference NLL and KL sums per served version, over every rank's share."""
+        drift: dict[int, DriftSums] = {}
+        for (i, j), ref in reference.items():
+            for version, part in drift_sums(plan[i][j], ref).items():
+                drift.setdefault(version, DriftSums()).add(part)
+        return self.comm.merge_drift(drift)
 
     def update(self, samples: list[BatchSample]) -> UpdateStats:
         """Train on `samples` (the same list on every rank); returns global statistics."""
@@ -151,6 +183,7 @@ class PPOUpdater:
         plan = [self._local(m) for m in minis]
         mini_targets = [sum(len(s.completion_token_ids) for s in m) for m in minis]
         proximal, reference = self._no_grad_logprobs(plan, self.cfg.fuse_proximal)
+        drift = self._drift(plan, reference)
         totals = _Totals()
         grad_norms: list[float] = []
         for i, mbs in enumerate(plan):
@@ -184,4 +217,5 @@ class PPOUpdater:
             forward_tokens=sum(len(s.prompt_token_ids) for s in samples) + sum(mini_targets),
             optimizer_steps=len(plan),
             seconds=time.perf_counter() - start,
+            drift=drift,
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import redis.asyncio as aredis
 from pydantic import ValidationError
@@ -103,17 +104,41 @@ class Publisher:
         self.run_id = run_id
 
     def record(
-        self, version: int, path: Path, parent: int | None, metrics: dict[str, float]
+        self,
+        version: int,
+        path: Path,
+        parent: int | None,
+        metrics: dict[str, float],
+        *,
+        status: str = "accepted",
+        reason: str | None = None,
     ) -> None:
         """Add the version to the registry (a no-op if it is there already)."""
-        self.registry.add_model_version(version, str(path), parent, metrics, run_id=self.run_id)
+        self.registry.add_model_version(
+            version, str(path), parent, metrics, run_id=self.run_id, status=status, reason=reason
+        )
 
     async def announce(
-        self, version: int, path: Path, parent: int | None, metrics: dict[str, float]
+        self,
+        version: int,
+        path: Path,
+        parent: int | None,
+        metrics: dict[str, float],
+        *,
+        status: Literal["accepted", "rejected"] = "accepted",
+        reason: str | None = None,
     ) -> bool:
-        """Announce on `liveloop:weights`; False when this (version, path) was announced before."""
+        """Announce on `liveloop:weights`; False when this (version, path) was announced before.
+
+        A rejected version is announced too, so that every server can show it as refused.
+        """
         payload = WeightsAnnouncement(
-            version=version, path=str(path), parent=parent, metrics=metrics
+            version=version,
+            path=str(path),
+            parent=parent,
+            metrics=metrics,
+            status=status,
+            reason=reason,
         )
         entry = await bus.publish(
             self.client,
@@ -125,6 +150,13 @@ class Publisher:
         return entry is not None
 
     def forget(self, versions: list[int]) -> None:
-        """Drop pruned versions from the registry (their checkpoints are gone)."""
+        """Drop pruned versions from the registry (their checkpoints are gone).
+
+        Refused versions stay, marked rejected with their reason: the record of a refusal
+        matters more than the checkpoint it refused.
+        """
         for version in versions:
+            info = self.registry.get_model_version(version)
+            if info is not None and info.status == "rejected":
+                continue
             self.registry.delete_model_version(version)

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from liveloop.config.base import Section
+from liveloop.config.gate import GateSettings
 
 
 class LoraSettings(Section):
@@ -37,10 +38,23 @@ class TrainerConfig(Section):
         "mask", description="Tokens over the cap are masked out or clamped to it."
     )
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    kl_coef: float = Field(
-        0.0,
+    kl_coef: float | None = Field(
+        None,
         ge=0,
-        description="Weight of a per-token KL penalty (k3 estimator) to the frozen initial model.",
+        description=(
+            "Weight of a per-token KL penalty (k3 estimator) to the frozen reference (the "
+            "initial model); unset = the model's measured default (liveloop.config.defaults)."
+        ),
+    )
+    measure_drift: bool = Field(
+        True,
+        description=(
+            "Keep the reference model even without a KL penalty, to measure each version's "
+            "reference NLL and KL on the served tokens it trains on."
+        ),
+    )
+    quality_interval_s: float = Field(
+        10.0, gt=0, description="How often per-version quality is exported and stored."
     )
     minibatches: int = Field(
         1,
@@ -78,3 +92,4 @@ class TrainerConfig(Section):
         None, description="Consumer name in the group `trainer` (default: host-pid)."
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)  # type: ignore[arg-type]
+    gate: GateSettings = Field(default_factory=GateSettings)  # type: ignore[arg-type]

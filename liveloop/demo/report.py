@@ -1,8 +1,12 @@
-"""The demo report: judged reward and response length per policy version and over time.
+"""The demo report: reward per policy version and over time, together with reply quality.
 
-Reads the judged turns from `liveloop:scored` (what the judging loop really produced),
-so the curve shows what the platform learned, not what the simulated users intended.
-Writes `report.json`, `report.md` and `reward.png` into `<data-dir>/demo/`.
+Reads the judged turns from `liveloop:scored` (what the judging loop really produced), so
+the curve shows what the platform learned, not what the simulated users intended. Beside
+the reward, every version gets the quality measures that tell learning from decay: topic
+rate, symbol-dominated and non-answer shares and words of its replies (`measures`), and,
+from the registry, the platform's own per-version figures (reference NLL and KL on served
+tokens, distinct-2, unscored share) and the promotion gate's probe results. The headline
+states the reward gain together with quality (`render` writes it out).
 """
 
 from __future__ import annotations
@@ -15,6 +19,15 @@ from typing import Any
 
 import redis
 
+from liveloop.demo.measures import reply_quality
+from liveloop.demo.render import plot, render_markdown
+from liveloop.registry import Registry, RegistryError
+
+# Quality bounds the final version must keep relative to version 0 (the demo's targets).
+TOPIC_RATE_SLACK = 0.05
+MAX_NLL_RATIO = 1.25
+MAX_SYMBOL_SHARE = 0.02
+
 
 @dataclass
 class JudgedTurn:
@@ -26,6 +39,15 @@ class JudgedTurn:
     words: int
     judged_at: float
     turn_type: str
+    question: str = ""
+    reply: str = ""
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            return str(message["content"])
+    return ""
 
 
 def read_judged(redis_url: str) -> list[JudgedTurn]:
@@ -51,6 +73,8 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
                         words=len(content.split()),
                         judged_at=float(data.get("judged_at") or 0.0),
                         turn_type=data.get("turn_type", "main"),
+                        question=_last_user_text(data.get("messages") or []),
+                        reply=content,
                     )
                 )
     finally:
@@ -63,7 +87,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def summarise(turns: list[JudgedTurn], window: int) -> dict[str, Any]:
-    """Reward per version, first/last window, and the curve over time."""
+    """Reward and reply quality per version, first/last window, and the curve over time."""
     by_version: dict[int, list[JudgedTurn]] = defaultdict(list)
     for t in turns:
         by_version[t.version].append(t)
@@ -72,59 +96,87 @@ def summarise(turns: list[JudgedTurn], window: int) -> dict[str, Any]:
             "turns": len(ts),
             "mean_reward": _mean([t.score for t in ts]),
             "mean_completion_tokens": _mean([float(t.tokens) for t in ts]),
-            "mean_words": _mean([float(t.words) for t in ts]),
+            **reply_quality((t.question, t.reply) for t in ts),
         }
         for v, ts in sorted(by_version.items())
     }
     window = max(1, min(window, len(turns) // 2)) if turns else window
     first, last = turns[:window], turns[-window:]
-    return {
+    summary: dict[str, Any] = {
         "judged_turns": len(turns),
         "window_turns": window,
         "reward_first_window": _mean([t.score for t in first]),
         "reward_last_window": _mean([t.score for t in last]),
-        "words_first_window": _mean([float(t.words) for t in first]),
-        "words_last_window": _mean([float(t.words) for t in last]),
+        "quality_first_window": reply_quality((t.question, t.reply) for t in first),
+        "quality_last_window": reply_quality((t.question, t.reply) for t in last),
         "policy_versions": len(by_version),
         "final_version": max(by_version) if by_version else 0,
         "per_version": per_version,
     }
+    if summary["reward_first_window"] is not None and summary["reward_last_window"] is not None:
+        summary["improvement"] = summary["reward_last_window"] - summary["reward_first_window"]
+    return summary
 
 
-def plot(turns: list[JudgedTurn], summary: dict[str, Any], path: Path) -> None:
-    """Reward and response length per version and over time, as a PNG."""
-    import matplotlib
+def add_registry_quality(summary: dict[str, Any], db_url: str) -> None:
+    """Per-version figures the platform stored: served-traffic quality, probes, refusals."""
+    try:
+        with Registry.open(db_url) as registry:
+            stored = registry.version_quality()
+            versions = registry.list_model_versions(limit=10_000)
+    except RegistryError:
+        return
+    platform: dict[str, Any] = {}
+    for row in stored:
+        probe = row.probe or {}
+        platform[str(row.version)] = {
+            "served": row.served,
+            "probe": row.probe,
+            "status": probe.get("status") or ("base" if row.version == 0 else None),
+            "reason": probe.get("reason"),
+        }
+    for info in versions:
+        entry = platform.setdefault(str(info.version), {})
+        entry.update(status=info.status, reason=info.reason)
+    summary["platform"] = dict(sorted(platform.items(), key=lambda kv: int(kv[0])))
+    summary["rejected_versions"] = sorted(
+        int(v) for v, entry in platform.items() if entry.get("status") == "rejected"
+    )
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    versions = [int(v) for v in summary["per_version"]]
-    rewards = [summary["per_version"][str(v)]["mean_reward"] for v in versions]
-    words = [summary["per_version"][str(v)]["mean_words"] for v in versions]
-    ax = axes[0]
-    ax.plot(versions, rewards, "o-", color="tab:blue", label="mean judged reward")
-    ax.set_xlabel("policy version")
-    ax.set_ylabel("reward", color="tab:blue")
-    ax.set_ylim(-1.05, 1.05)
-    ax2 = ax.twinx()
-    ax2.plot(versions, words, "s--", color="tab:orange", label="mean words")
-    ax2.set_ylabel("response words", color="tab:orange")
-    ax.set_title("per policy version")
-    k = max(1, summary["window_turns"] // 2)
-    t0 = turns[0].judged_at if turns else 0.0
-    xs = [(t.judged_at - t0) / 60 for t in turns]
-    rolling = [
-        _mean([t.score for t in turns[max(0, i - k + 1) : i + 1]]) or 0.0 for i in range(len(turns))
+def headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """Improvement together with quality: the final version against version 0."""
+    evals = summary.get("eval") or {}
+    base = evals.get("version 0") or {}
+    final = next((row for name, row in evals.items() if "final" in name), base)
+    platform = summary.get("platform") or {}
+    v0_probe = (platform.get("0") or {}).get("probe") or {}
+    probed = [
+        int(v) for v, e in platform.items() if e.get("probe") and e.get("status") != "rejected"
     ]
-    axes[1].plot(xs, rolling, color="tab:blue", label=f"reward, moving mean of {k}")
-    axes[1].set_xlabel("minutes")
-    axes[1].set_ylim(-1.05, 1.05)
-    axes[1].set_title("over time")
-    axes[1].legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    final_version = max(probed, default=0)
+    final_probe = (platform.get(str(final_version)) or {}).get("probe") or {}
+    out: dict[str, Any] = {
+        "reward_gain": summary.get("improvement"),
+        "held_out_reward": {
+            "version 0": base.get("mean_reward"),
+            "final": final.get("mean_reward"),
+        },
+        "topic_rate": {"version 0": base.get("topic_rate"), "final": final.get("topic_rate")},
+        "symbol_share_final": final.get("symbol_share"),
+        "ref_nll": {"version 0": v0_probe.get("ref_nll"), "final": final_probe.get("ref_nll")},
+        "final_probed_version": final_version,
+    }
+    checks: dict[str, bool | None] = {"topic_rate": None, "ref_nll": None, "symbols": None}
+    if base.get("topic_rate") is not None and final.get("topic_rate") is not None:
+        checks["topic_rate"] = final["topic_rate"] >= base["topic_rate"] - TOPIC_RATE_SLACK
+    if v0_probe.get("ref_nll") and final_probe.get("ref_nll") is not None:
+        out["ref_nll_ratio"] = final_probe["ref_nll"] / v0_probe["ref_nll"]
+        checks["ref_nll"] = out["ref_nll_ratio"] <= MAX_NLL_RATIO
+    if final.get("symbol_share") is not None:
+        checks["symbols"] = final["symbol_share"] < MAX_SYMBOL_SHARE
+    out["quality_kept"] = checks
+    return out
 
 
 def write_report(
@@ -137,46 +189,9 @@ def write_report(
         "md": out_dir / "report.md",
         "png": out_dir / "reward.png",
     }
+    summary["headline"] = headline(summary)
     paths["json"].write_text(json.dumps(summary, indent=2))
-    plot(turns, summary, paths["png"])
+    times = [t.judged_at for t in turns]
+    plot([t.score for t in turns], times, summary, paths["png"])
     paths["md"].write_text(render_markdown(summary))
     return paths
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.3f}"
-
-
-def render_markdown(summary: dict[str, Any]) -> str:
-    """A human-readable report."""
-    lines = [
-        "# LiveLoop demo report",
-        "",
-        f"Model: `{summary.get('model', '?')}`; {summary.get('minutes', '?')} minutes; "
-        f"{summary['judged_turns']} judged turns; {summary['policy_versions']} policy versions.",
-        "",
-        f"- mean judged reward, first {summary['window_turns']} turns: {_fmt(summary['reward_first_window'])}",
-        f"- mean judged reward, last {summary['window_turns']} turns: {_fmt(summary['reward_last_window'])}",
-        f"- improvement: {_fmt(summary.get('improvement'))}",
-        "",
-        "![reward](reward.png)",
-        "",
-        "| version | judged turns | mean reward | mean words | mean tokens |",
-        "|---|---|---|---|---|",
-    ]
-    for v, row in summary["per_version"].items():
-        lines.append(
-            f"| {v} | {row['turns']} | {_fmt(row['mean_reward'])} | "
-            f"{row['mean_words']:.1f} | {row['mean_completion_tokens']:.1f} |"
-        )
-    if summary.get("eval"):
-        lines += [
-            "",
-            "## Held-out users (not recorded)",
-            "",
-            "| version | turns | mean reward |",
-            "|---|---|---|",
-        ]
-        for name, row in summary["eval"].items():
-            lines.append(f"| {name} | {row['turns']} | {_fmt(row['mean_reward'])} |")
-    return "\n".join(lines) + "\n"

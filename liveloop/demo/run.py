@@ -15,40 +15,29 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from liveloop.config import LiveLoopSettings
-from liveloop.demo.report import read_judged, summarise, write_report
-from liveloop.demo.users import UserRun, UserStats, make_population, run_population
+from liveloop.config.defaults import model_defaults
+from liveloop.demo.measures import reply_quality
+from liveloop.demo.preferences import make_population
+from liveloop.demo.report import add_registry_quality, read_judged, summarise, write_report
+from liveloop.demo.users import UserRun, UserStats, run_population
 from liveloop.supervisor import Supervisor
 from liveloop.valkey import free_port
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class DemoProfile:
-    """Per-model demo sizing: reply budget, users' word limits, and env for the loops."""
-
-    max_tokens: int
-    word_limits: tuple[int, ...]
-    env: dict[str, str] = field(default_factory=dict)
-
-
-# A random model starts at ~16 words in 24 tokens; SmolLM2 at ~37 words in 48 tokens.
-# The learning rates were picked so that learning shows within the demo's minutes; the
-# user's own environment or TOML still wins over them.
-DEMO_PROFILES: dict[str, DemoProfile] = {
-    "tiny-random": DemoProfile(24, (8, 10, 12), {"LIVELOOP_TRAINER__LR": "1e-2"}),
-    "smollm2-135m": DemoProfile(
-        48,
-        (20, 25, 30),
-        {"LIVELOOP_TRAINER__LR": "5e-5", "LIVELOOP_COLLECTOR__MAX_WAIT_S": "45"},
-    ),
+# Environment for the loops, per model: learning rates picked so that learning shows within
+# the demo's minutes (the reply budget and users' word limits are the model's defaults, in
+# `liveloop.config.defaults`). The user's own environment or TOML still wins over them.
+DEMO_ENV: dict[str, dict[str, str]] = {
+    "tiny-random": {"LIVELOOP_TRAINER__LR": "2e-2"},
+    "smollm2-135m": {"LIVELOOP_TRAINER__LR": "5e-5", "LIVELOOP_COLLECTOR__MAX_WAIT_S": "45"},
 }
 COMMON_ENV = {
     # A next state is the user's following turn, recorded when its reply is complete.
@@ -65,13 +54,9 @@ class DemoError(RuntimeError):
     """The demo could not run (server never became ready, ...)."""
 
 
-def _profile(model: str) -> DemoProfile:
-    return DEMO_PROFILES.get(model, DEMO_PROFILES["smollm2-135m"])
-
-
 def _child_env(settings: LiveLoopSettings, admin_key: str) -> dict[str, str]:
     env = dict(COMMON_ENV)
-    env.update(_profile(settings.model).env)
+    env.update(DEMO_ENV.get(settings.model, DEMO_ENV["smollm2-135m"]))
     env = {k: v for k, v in env.items() if k not in os.environ}
     env["LIVELOOP_ADMIN_KEY"] = admin_key
     return env
@@ -104,21 +89,27 @@ def load_version(base_url: str, admin_key: str, path: str, version: int) -> None
 
 
 def held_out_reward(stats: UserStats) -> dict[str, Any]:
-    """Mean reward of held-out users, from their own ratings (+1 thanks, 0 lukewarm, -1 correction)."""
-    scores = [t.rating for t in stats.turns]
-    words = [float(t.words) for t in stats.turns]
+    """Held-out users' own ratings (+1 pleased, 0 lukewarm, -1 not) and their replies' quality."""
+    turns = sorted(stats.turns, key=lambda t: (t.user, t.at))
+    scores = [t.rating for t in turns]
     return {
         "turns": len(scores),
         "mean_reward": sum(scores) / len(scores) if scores else None,
-        "mean_words": sum(words) / len(words) if words else None,
+        **reply_quality((t.question, t.reply) for t in turns),
+        "replies": [
+            {"user": t.user, "question": t.question, "reply": t.reply, "reaction": t.reaction}
+            for t in turns
+        ],
     }
 
 
 def evaluate(base_url: str, model: str, seed: int) -> dict[str, Any]:
     """Held-out simulated users (a different seed) against whatever the server serves now."""
-    profile = _profile(model)
-    run = UserRun(base_url=base_url, model=model, max_tokens=profile.max_tokens, record=False)
-    people = make_population(EVAL_USERS, seed + 10_000, profile.word_limits)
+    defaults = model_defaults(model)
+    run = UserRun(base_url=base_url, model=model, max_tokens=defaults.reply_tokens, record=False)
+    people = make_population(
+        EVAL_USERS, seed + 10_000, defaults.word_limits, strict=defaults.has_language
+    )
     stats = asyncio.run(
         run_population(
             run, people, seconds=600, seed=seed + 10_000, max_turns_per_user=EVAL_TURNS_PER_USER
@@ -132,13 +123,14 @@ def _latest_checkpoint(redis_url: str) -> tuple[int, str] | None:
 
     client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        entries = client.xrevrange("liveloop:weights", count=1)
+        entries = client.xrevrange("liveloop:weights", count=64)
     finally:
         client.close()
-    if not entries:
-        return None
-    data = json.loads(entries[0][1]["data"])
-    return int(data["version"]), str(data["path"])
+    for _id, fields in entries:
+        data = json.loads(fields["data"])
+        if data.get("status", "accepted") == "accepted":  # never a version the gate refused
+            return int(data["version"]), str(data["path"])
+    return None
 
 
 def run_demo(
@@ -157,16 +149,21 @@ def run_demo(
     supervisor = Supervisor(
         child, config_file=config_file, extra_env=_child_env(settings, admin_key)
     )
-    profile = _profile(settings.model)
+    defaults = model_defaults(settings.model)
     seconds = settings.demo.minutes * 60
     supervisor.start()
     try:
         wait_ready(supervisor.base_url, supervisor)
         started = time.monotonic()
         run = UserRun(
-            base_url=supervisor.base_url, model=settings.model, max_tokens=profile.max_tokens
+            base_url=supervisor.base_url, model=settings.model, max_tokens=defaults.reply_tokens
         )
-        people = make_population(settings.demo.users, settings.demo.seed, profile.word_limits)
+        people = make_population(
+            settings.demo.users,
+            settings.demo.seed,
+            defaults.word_limits,
+            strict=defaults.has_language,
+        )
         with LiveView(supervisor, quiet=quiet, title="LiveLoop demo") as view:
             stats = _drive(run, people, seconds, settings.demo.seed, supervisor, view)
         log.info(
@@ -178,15 +175,15 @@ def run_demo(
         summary.update(
             model=settings.model, minutes=settings.demo.minutes, user_errors=stats.errors
         )
-        if summary["reward_first_window"] is not None and summary["reward_last_window"] is not None:
-            summary["improvement"] = summary["reward_last_window"] - summary["reward_first_window"]
         summary["eval"] = _compare_versions(supervisor, admin_key, base_model_dir, settings)
+        add_registry_quality(summary, child.effective_db_url)
         paths = write_report(out_dir, summary, turns)
     finally:
         supervisor.stop()
     print(f"demo report: {paths['md']}\n             {paths['json']}\n             {paths['png']}")
     print(
-        f"reward: first window {summary['reward_first_window']}, last window {summary['reward_last_window']}"
+        f"reward: first window {summary['reward_first_window']}, last window "
+        f"{summary['reward_last_window']}; quality: {summary['headline']['quality_kept']}"
     )
 
 

@@ -11,6 +11,7 @@ from liveloop.registry.info import (
     RunInfo,
     SessionInfo,
     SessionOwnershipError,
+    VersionQualityInfo,
 )
 from liveloop.registry.store import Registry
 
@@ -21,4 +22,5 @@ __all__ = [
     "RunInfo",
     "SessionInfo",
     "SessionOwnershipError",
+    "VersionQualityInfo",
 ]

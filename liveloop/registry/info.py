@@ -41,6 +41,18 @@ class ModelVersionInfo:
     created_at: datetime
     metrics: dict[str, float]
     run_id: int | None
+    status: str = "accepted"  # or "rejected" (by the promotion gate: never served)
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class VersionQualityInfo:
+    """A version's quality on served traffic (`served`) and on the gate's probes (`probe`)."""
+
+    version: int
+    updated_at: datetime
+    served: dict[str, Any] | None
+    probe: dict[str, Any] | None
 
 
 @dataclass(frozen=True)

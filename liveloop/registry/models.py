@@ -1,4 +1,4 @@
-"""SQLAlchemy ORM models of the registry: runs, model versions and sessions.
+"""SQLAlchemy ORM models of the registry: runs, model versions, their quality, sessions.
 
 The schema itself is owned by the Alembic migrations in `liveloop/registry/migrations`;
 these classes must stay in step with them (a test compares the two). Timestamps are
@@ -54,6 +54,24 @@ class ModelVersion(Base):
     run_id: Mapped[int | None] = mapped_column(
         Integer, ForeignKey("runs.id", ondelete="SET NULL"), nullable=True, index=True
     )
+    status: Mapped[str] = mapped_column(
+        String(16), nullable=False, default="accepted", server_default="accepted"
+    )
+    reason: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+
+
+class VersionQuality(Base):
+    """Quality of a policy version: on the traffic it served, and on the gate's probes.
+
+    Kept apart from `model_versions` so that pruning a checkpoint keeps its measures.
+    """
+
+    __tablename__ = "version_quality"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    served: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    probe: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class ChatSession(Base):

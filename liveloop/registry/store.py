@@ -28,9 +28,10 @@ from liveloop.registry.info import (
     RunInfo,
     SessionInfo,
     SessionOwnershipError,
+    VersionQualityInfo,
 )
 from liveloop.registry.migrate import make_engine, sqlite_file, upgrade_to_head
-from liveloop.registry.models import ChatSession, ModelVersion, Run, utcnow
+from liveloop.registry.models import ChatSession, ModelVersion, Run, VersionQuality, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ def _version_info(row: ModelVersion) -> ModelVersionInfo:
         created_at=_aware(row.created_at),
         metrics=dict(row.metrics or {}),
         run_id=row.run_id,
+        status=row.status,
+        reason=row.reason,
     )
 
 
@@ -211,8 +214,14 @@ class Registry:
         parent: int | None,
         metrics: dict[str, float] | None = None,
         run_id: int | None = None,
+        *,
+        status: str = "accepted",
+        reason: str | None = None,
     ) -> None:
-        """Record a policy version; recording a version that exists already is a no-op."""
+        """Record a policy version; recording a version that exists already is a no-op.
+
+        `status` "rejected" marks a version the promotion gate refused (`reason` says why).
+        """
         with self._guard("add_model_version"):
             try:
                 with self._tx() as session:
@@ -225,6 +234,8 @@ class Registry:
                                 parent=parent,
                                 metrics=_clean_metrics(metrics),
                                 run_id=run_id,
+                                status=status,
+                                reason=reason[:2048] if reason else None,
                             )
                         )
                     elif existing.path != str(path):
@@ -246,16 +257,59 @@ class Registry:
             row = session.get(ModelVersion, version)
             return _version_info(row) if row is not None else None
 
-    def latest_model_version(self) -> ModelVersionInfo | None:
-        """The highest recorded version, or None when there is none."""
-        versions = self.list_model_versions(limit=1)
+    def latest_model_version(self, *, accepted_only: bool = True) -> ModelVersionInfo | None:
+        """The highest recorded version (by default the highest accepted one), or None."""
+        versions = self.list_model_versions(limit=1, status="accepted" if accepted_only else None)
         return versions[0] if versions else None
 
-    def list_model_versions(self, limit: int = 100) -> list[ModelVersionInfo]:
-        """Up to `limit` versions, newest (highest) first."""
+    def list_model_versions(
+        self, limit: int = 100, *, status: str | None = None
+    ) -> list[ModelVersionInfo]:
+        """Up to `limit` versions (optionally of one status), newest (highest) first."""
         query = select(ModelVersion).order_by(ModelVersion.version.desc()).limit(max(limit, 0))
+        if status is not None:
+            query = query.where(ModelVersion.status == status)
         with self._guard("list_model_versions"), self._tx() as session:
             return [_version_info(row) for row in session.scalars(query)]
+
+    def record_version_quality(
+        self,
+        version: int,
+        *,
+        served: dict[str, Any] | None = None,
+        probe: dict[str, Any] | None = None,
+    ) -> None:
+        """Store a version's measures on served traffic and/or on the gate's probes."""
+        with self._guard("record_version_quality"):
+            for _attempt in range(3):
+                try:
+                    with self._tx() as session:
+                        row = session.get(VersionQuality, version)
+                        if row is None:
+                            row = VersionQuality(version=version)
+                            session.add(row)
+                        if served is not None:
+                            row.served = _json_dict(served)
+                        if probe is not None:
+                            row.probe = _json_dict(probe)
+                        row.updated_at = utcnow()
+                    return
+                except IntegrityError:
+                    continue  # created concurrently: update it on the next attempt
+
+    def version_quality(self) -> list[VersionQualityInfo]:
+        """The stored measures of every version, oldest first."""
+        query = select(VersionQuality).order_by(VersionQuality.version)
+        with self._guard("version_quality"), self._tx() as session:
+            return [
+                VersionQualityInfo(
+                    version=row.version,
+                    updated_at=_aware(row.updated_at),
+                    served=dict(row.served) if row.served is not None else None,
+                    probe=dict(row.probe) if row.probe is not None else None,
+                )
+                for row in session.scalars(query)
+            ]
 
     def delete_model_version(self, version: int) -> None:
         """Forget a version (its children keep their parent number); unknown: no-op."""

@@ -53,11 +53,17 @@ class TurnHead(BaseModel):
     turn_type: TurnType = "main"
     messages: list[dict[str, Any]]
     response: dict[str, Any] = Field(default_factory=dict)
+    versions: list[int] = Field(default_factory=list)
 
     @property
     def key(self) -> str:
         """Same idempotency key as `TurnRecord.key`."""
         return f"{self.session_id}:{self.turn_index}:{self.sample_index}"
+
+    @property
+    def min_version(self) -> int:
+        """The oldest policy version that produced a token of this turn."""
+        return min(self.versions) if self.versions else 0
 
 
 class JudgeRequest:

@@ -32,9 +32,19 @@ class LoadWeightsRequest(BaseModel):
 
 @router.get("/weights")
 async def get_weights(request: Request) -> dict[str, Any]:
-    """The policy version being served and the versions served before."""
+    """The policy version served, the versions served before, and those refused.
+
+    `refused`: checkpoints this server could not load; `rejected`: versions the promotion
+    gate refused (never served).
+    """
     state = get_state(request)
-    return {"version": int(state.engine.version), "history": list(state.follower.history)}
+    follower = state.follower
+    return {
+        "version": int(state.engine.version),
+        "history": list(follower.history),
+        "refused": list(follower.refused),
+        "rejected": list(follower.rejected),
+    }
 
 
 @router.post("/weights")

@@ -92,6 +92,7 @@ class WeightFollower:
         self.reconnect_max_s = reconnect_max_s
         self.history: list[dict[str, Any]] = []
         self.refused: list[dict[str, Any]] = []
+        self.rejected: list[dict[str, Any]] = []  # versions the promotion gate refused
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._last_id: str | None = None
@@ -224,13 +225,25 @@ class WeightFollower:
                 await self._consider(batch)
 
     async def _consider(self, entries: list[dict[str, str]]) -> None:
-        """Load the newest announced version above the serving one (older ones as fallback)."""
+        """Load the newest announced version above the serving one (older ones as fallback).
+
+        Versions the promotion gate rejected are never loaded; they are remembered (and
+        shown by GET /admin/weights) with the gate's reason.
+        """
         announcements: list[WeightsAnnouncement] = []
         for fields in entries:
             try:
-                announcements.append(bus.decode(fields, WeightsAnnouncement))
+                ann = bus.decode(fields, WeightsAnnouncement)
             except (ValidationError, ValueError) as exc:
                 log.error("ignoring a malformed weights announcement: %s", exc)
+                continue
+            if ann.servable:
+                announcements.append(ann)
+            elif all(r["version"] != ann.version for r in self.rejected):
+                self.rejected.append(
+                    {"version": ann.version, "path": ann.path, "reason": ann.reason}
+                )
+                del self.rejected[:-HISTORY_LIMIT]
         for ann in sorted(announcements, key=lambda a: a.version, reverse=True):
             if ann.version <= self.current_version:
                 return

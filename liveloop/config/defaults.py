@@ -1,0 +1,39 @@
+"""Defaults that depend on the model, for the built-in aliases (and a fallback for others).
+
+The KL coefficient anchors the policy to its reference model. Too small and a policy that
+pleases its judge drifts into unnatural text; too large and it cannot learn at all. The
+values below were chosen by measurement: `make demo` runs on this project's 2-core CPU
+machines with several coefficients, keeping the largest reward gain whose final replies
+stayed within the quality bounds (topic rate, reference NLL per token, symbol share); the
+figures are in the README's learning-quality section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What a model's defaults are: KL anchor, reply budget and the users it suits."""
+
+    kl_coef: float
+    gate_max_kl: float | None  # the promotion gate's bound on KL to the reference (None: none)
+    reply_tokens: int  # completion budget of demo users and gate probes
+    word_limits: tuple[int, ...]  # word limits of simulated users
+    has_language: bool  # False for a random model: users then judge only their preference
+
+
+BUILTIN: dict[str, ModelDefaults] = {
+    # A random model starts at ~11 words in 16 tokens and has no language to protect.
+    # Drifting from a random reference is no harm: no KL bound at the gate.
+    "tiny-random": ModelDefaults(0.001, None, 16, (6, 8, 10), has_language=False),
+    # SmolLM2 starts at ~37 words in 48 tokens.
+    "smollm2-135m": ModelDefaults(0.1, 1.0, 48, (20, 25, 30), has_language=True),
+}
+FALLBACK = ModelDefaults(0.1, 1.0, 64, (20, 25, 30), has_language=True)
+
+
+def model_defaults(model: str) -> ModelDefaults:
+    """The defaults of a built-in alias, or the fallback for any other model."""
+    return BUILTIN.get(model, FALLBACK)

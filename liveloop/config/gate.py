@@ -1,0 +1,61 @@
+"""Settings of the promotion gate, which decides whether a trained version may be served."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from liveloop.config.base import Section
+
+
+class GateSettings(Section):
+    """A new version is served only if its replies to a fixed probe set do not regress.
+
+    The probes are answered by the candidate (in the trainer's process, off the serving
+    path), judged by the configured judges, and compared with the serving version's answers
+    to the same probes; the candidate's drift from the reference model is bounded too.
+    """
+
+    enabled: bool = Field(True, description="Gate every new version before it is announced.")
+    prompts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Operator probe prompts (a user message each). Empty: held-out simulated users, "
+            "who also react to each reply so the rules judge can score it. Prompts alone have "
+            "no next state: use a judge that scores without one (e.g. 'llm')."
+        ),
+    )
+    probe_users: int = Field(16, ge=1, description="Held-out simulated users, one question each.")
+    seed: int = Field(10_000, description="Seed of the probe questions and of the probe sampling.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Reply budget of a probe (default: the model's demo budget, or 64)."
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        le=2,
+        description="Sampling temperature of probe replies (1 keeps the KL estimate unbiased).",
+    )
+    reward_margin: float = Field(
+        0.25,
+        ge=0,
+        le=2,
+        description="Refuse a version whose mean probe reward is below the serving one by more.",
+    )
+    max_kl: float | None = Field(
+        None,
+        gt=0,
+        description="Refuse a version whose KL to the reference on probe replies (nats/token, "
+        "k3) exceeds this; unset = the model's default (1.0; no bound for tiny-random, whose "
+        "reference is noise).",
+    )
+    max_nll_ratio: float | None = Field(
+        1.25,
+        gt=1,
+        description="Refuse a version whose probe replies' reference NLL per token exceeds "
+        "this multiple of version 0's; unset = no bound.",
+    )
+    on_reject: Literal["revert", "continue"] = Field(
+        "revert",
+        description="After a refusal, train on from the last accepted version ('revert') or "
+        "from the refused weights ('continue').",
+    )

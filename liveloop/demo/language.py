@@ -1,0 +1,170 @@
+"""How a person reads a reply: real English words, on topic, not symbols, repeats or markup.
+
+The simulated users must not be gameable. Counting words by whitespace made a run of emoji
+"one word" and a string of invented syllables a perfectly brief answer; a person would
+say "that makes no sense". `read_reply` looks at a reply the way a reader does: which of
+its pieces are words of English (an English word list, with regular inflections), how
+much of it is symbols, markup or the same fragment repeated, and whether it mentions what
+was asked about. The same reading gives the demo report its quality measures.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)*")
+# Characters a plain English answer uses besides letters, digits and whitespace.
+PLAIN_PUNCTUATION = frozenset(".,;:!?'\"()-–—%$&/+°’“”…")
+MARKUP = re.compile(r"<[^<>\n]{0,80}>|```|\*\*|__|^\s*#+|^\s*\||\[[^\]\n]*\]\([^)\n]*\)", re.M)
+CONTRACTIONS = ("n't", "'s", "'re", "'ve", "'ll", "'d", "'m")
+# (suffix, replacement) tried in order when a word form is not in the list itself.
+INFLECTIONS = (
+    ("ies", "y"), ("ied", "y"), ("ves", "f"), ("es", ""), ("s", ""), ("ed", ""), ("ed", "e"),
+    ("ing", ""), ("ing", "e"), ("ly", ""), ("er", ""), ("er", "e"), ("est", ""), ("est", "e"),
+)  # fmt: skip
+DOUBLING = frozenset({"ed", "ing", "er", "est"})
+# Thresholds of a sensible reply (what a reader tolerates before calling it nonsense).
+MIN_ENGLISH_SHARE = 0.7
+MAX_SYMBOL_SHARE = 0.15
+MAX_MARKUP_SHARE = 0.3
+MAX_REPETITION = 0.3
+
+
+class Lexicon:
+    """A set of English words, and the test of whether a written form is one of them."""
+
+    def __init__(self, words: Iterable[str]) -> None:
+        self.words = frozenset(w.lower() for w in words)
+
+    @classmethod
+    @functools.cache
+    def english(cls) -> Lexicon:
+        """The web2 and GCIDE word lists shipped by the `english-words` wheel (loaded once)."""
+        from english_words import get_english_words_set
+
+        return cls(get_english_words_set(["web2", "gcide"], alpha=True, lower=True))
+
+    def is_word(self, form: str) -> bool:
+        """True for an English word, its regular inflections and contractions ("bees", "didn't")."""
+        form = form.lower().replace("’", "'")
+        for ending in CONTRACTIONS:
+            if form.endswith(ending) and len(form) > len(ending):
+                stem = form[: -len(ending)]
+                return stem in {"ca", "wo", "sha"} or self.is_word(stem)
+        if form in self.words:
+            return True
+        for suffix, replacement in INFLECTIONS:
+            if form.endswith(suffix) and len(form) - len(suffix) >= 2:
+                stem = form[: -len(suffix)] + replacement
+                doubled = suffix in DOUBLING and len(stem) > 2 and stem[-1] == stem[-2]
+                if stem in self.words or (doubled and stem[:-1] in self.words):
+                    return True  # "bees", "erupted"; doubled consonant: "stopped", "bigger"
+        return False
+
+
+def letter_words(text: str | None) -> list[str]:
+    """The words of a text as a reader counts them: runs of letters, not symbols or numbers."""
+    return WORD.findall(text or "")
+
+
+def symbol_share(text: str | None) -> float:
+    """Share of the non-space characters that are neither letters, digits nor punctuation."""
+    chars = [c for c in (text or "") if not c.isspace()]
+    if not chars:
+        return 0.0
+    odd = sum(1 for c in chars if not (c.isascii() and c.isalnum()) and c not in PLAIN_PUNCTUATION)
+    return odd / len(chars)
+
+
+def markup_share(text: str | None) -> float:
+    """Share of the non-space characters inside markup (tags, fences, bold, headings, links)."""
+    text = text or ""
+    total = sum(1 for c in text if not c.isspace())
+    if not total:
+        return 0.0
+    marked = sum(len(m.group(0).strip()) for m in MARKUP.finditer(text))
+    return min(1.0, marked / total)
+
+
+def repetition(words: list[str]) -> float:
+    """How much of a reply repeats itself: repeated word 3-grams, or one word dominating."""
+    lowered = [w.lower() for w in words]
+    if len(lowered) >= 4:
+        top = Counter(lowered).most_common(1)[0][1]
+        if top / len(lowered) > 0.5:
+            return top / len(lowered)
+    grams = list(zip(lowered, lowered[1:], lowered[2:], strict=False))
+    if len(grams) < 3:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+def distinct_n(texts: Iterable[str], n: int = 2) -> float | None:
+    """Distinct word n-grams over all n-grams of the texts (None when there are none)."""
+    grams: list[tuple[str, ...]] = []
+    for text in texts:
+        words = [w.lower() for w in letter_words(text)]
+        grams += [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else None
+
+
+@dataclass(frozen=True)
+class ReplyReading:
+    """What a reader notices about one reply."""
+
+    words: int  # letter words (what a word limit counts)
+    english_share: float  # share of those that are English words
+    symbol_share: float
+    markup_share: float
+    repetition: float
+    on_topic: bool | None  # None when no topic was given
+
+    @property
+    def problem(self) -> str | None:
+        """Why a reader would not accept the reply as an answer at all, or None."""
+        if self.markup_share > MAX_MARKUP_SHARE:
+            return "markup"
+        if self.symbol_share > MAX_SYMBOL_SHARE:
+            return "symbols"
+        if self.words == 0 or self.english_share < MIN_ENGLISH_SHARE:
+            return "nonsense"
+        if self.repetition > MAX_REPETITION:
+            return "repetitive"
+        if self.on_topic is False:
+            return "off_topic"
+        return None
+
+    @property
+    def dominated_by_symbols(self) -> bool:
+        """Mostly emoji, symbols or markup: no reader would call this text."""
+        return (
+            self.symbol_share > 0.5
+            or self.markup_share > 0.5
+            or (self.words == 0 and self.symbol_share > 0)
+        )
+
+
+def mentions(words: list[str], forms: frozenset[str]) -> bool:
+    """True when any word (case-insensitive) is one of `forms`."""
+    return any(w.lower() in forms for w in words)
+
+
+def read_reply(
+    text: str | None, topic_forms: frozenset[str] | None = None, lexicon: Lexicon | None = None
+) -> ReplyReading:
+    """Read one reply; `topic_forms` are the words that show it is about what was asked."""
+    lexicon = lexicon or Lexicon.english()
+    words = letter_words(text)
+    english = sum(1 for w in words if lexicon.is_word(w))
+    return ReplyReading(
+        words=len(words),
+        english_share=english / len(words) if words else 0.0,
+        symbol_share=symbol_share(text),
+        markup_share=markup_share(text),
+        repetition=repetition(words),
+        on_topic=None if topic_forms is None else mentions(words, topic_forms),
+    )

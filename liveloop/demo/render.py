@@ -1,0 +1,169 @@
+"""Writing the demo report out: the PNG plot and the Markdown page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = 6
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def plot(scores: list[float], times: list[float], summary: dict[str, Any], path: Path) -> None:
+    """Reward, words and topic rate per version, and reward over time, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    rows = summary["per_version"]
+    versions = [int(v) for v in rows]
+    ax = axes[0]
+    ax.plot(versions, [rows[str(v)]["mean_reward"] for v in versions], "o-", label="reward")
+    topic = [rows[str(v)]["topic_rate"] for v in versions]
+    ax.plot(versions, [t if t is not None else float("nan") for t in topic], "^:",
+            color="tab:green", label="topic rate")  # fmt: skip
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("reward / topic rate")
+    ax.set_ylim(-1.05, 1.05)
+    ax.legend(loc="lower left")
+    ax2 = ax.twinx()
+    words = [rows[str(v)]["mean_words"] for v in versions]
+    ax2.plot(versions, [w if w is not None else float("nan") for w in words], "s--",
+             color="tab:orange")  # fmt: skip
+    ax2.set_ylabel("reply words", color="tab:orange")
+    ax.set_title("per policy version")
+    k = max(1, summary["window_turns"] // 2)
+    t0 = times[0] if times else 0.0
+    rolling = [_mean(scores[max(0, i - k + 1) : i + 1]) or 0.0 for i in range(len(scores))]
+    axes[1].plot([(t - t0) / 60 for t in times], rolling, label=f"reward, moving mean of {k}")
+    axes[1].set_xlabel("minutes")
+    axes[1].set_ylim(-1.05, 1.05)
+    axes[1].set_title("over time")
+    axes[1].legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.0f}%" if pct else f"{x:+.3f}"
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _mark(ok: bool | None) -> str:
+    return {True: "kept", False: "NOT kept", None: "not measured"}[ok]
+
+
+def _headline(summary: dict[str, Any]) -> list[str]:
+    h = summary.get("headline") or {}
+    topic, nll = h.get("topic_rate") or {}, h.get("ref_nll") or {}
+    checks = h.get("quality_kept") or {}
+    return [
+        f"**Judged reward gain {_fmt(h.get('reward_gain'))}** (first "
+        f"{summary['window_turns']} turns {_fmt(summary['reward_first_window'])}, last "
+        f"{_fmt(summary['reward_last_window'])}), with reply quality "
+        f"{'kept' if all(v is not False for v in checks.values()) else 'NOT kept'}:",
+        "",
+        f"- held-out replies mentioning the question's topic: version 0 "
+        f"{_fmt(topic.get('version 0'), True)}, final {_fmt(topic.get('final'), True)} "
+        f"({_mark(checks.get('topic_rate'))})",
+        f"- reference NLL per token of probe replies: version 0 {_num(nll.get('version 0'))}, "
+        f"version {h.get('final_probed_version', '-')} {_num(nll.get('final'))}, ratio "
+        f"{_num(h.get('ref_nll_ratio'))} ({_mark(checks.get('ref_nll'))})",
+        f"- final held-out replies dominated by symbols: "
+        f"{_fmt(h.get('symbol_share_final'), True)} ({_mark(checks.get('symbols'))})",
+    ]
+
+
+def _per_version(summary: dict[str, Any]) -> list[str]:
+    platform = summary.get("platform") or {}
+    lines = [
+        "| version | status | judged | reward | topic | symbols | non-answers | words "
+        "| ref NLL | KL ref | distinct-2 | unscored | probe reward | probe ref NLL |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    versions = sorted({int(v) for v in summary["per_version"]} | {int(v) for v in platform})
+    for v in versions:
+        row = summary["per_version"].get(str(v)) or {}
+        stored = platform.get(str(v)) or {}
+        served, probe = stored.get("served") or {}, stored.get("probe") or {}
+        lines.append(
+            f"| {v} | {stored.get('status') or '-'} "
+            f"| {row.get('turns', 0)} | {_fmt(row.get('mean_reward'))} "
+            f"| {_fmt(row.get('topic_rate'), True)} | {_fmt(row.get('symbol_share'), True)} "
+            f"| {_fmt(row.get('non_answer_share'), True)} | {_num(row.get('mean_words'), 1)} "
+            f"| {_num(served.get('ref_nll'))} | {_num(served.get('kl_ref'), 3)} "
+            f"| {_num(served.get('distinct_2'))} | {_fmt(served.get('unscored_share'), True)} "
+            f"| {_fmt(probe.get('reward'))} | {_num(probe.get('ref_nll'))} |"
+        )
+    return lines
+
+
+def _examples(evals: dict[str, Any]) -> list[str]:
+    base = (evals.get("version 0") or {}).get("replies") or []
+    final_name = next((n for n in evals if "final" in n), None)
+    final = (evals.get(final_name) or {}).get("replies") or [] if final_name else []
+    pairs = [(a, b) for a, b in zip(base, final, strict=False) if a["question"] == b["question"]]
+    if not pairs:
+        return []
+
+    def cell(text: str) -> str:
+        return (text or "(empty)").replace("|", "\\|").replace("\n", " ")[:200]
+
+    lines = ["", f"## The same held-out questions: version 0 and {final_name}", ""]
+    lines += ["| question | version 0 | final |", "|---|---|---|"]
+    for a, b in pairs[:EXAMPLES]:
+        lines.append(f"| {cell(a['question'])} | {cell(a['reply'])} | {cell(b['reply'])} |")
+    return lines
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    """A human-readable report."""
+    rejected = summary.get("rejected_versions") or []
+    lines = [
+        "# LiveLoop demo report",
+        "",
+        f"Model: `{summary.get('model', '?')}`; {summary.get('minutes', '?')} minutes; "
+        f"{summary['judged_turns']} judged turns; {summary['policy_versions']} policy versions "
+        f"served; {len(rejected)} refused by the promotion gate.",
+        "",
+        *_headline(summary),
+        "",
+        "![reward](reward.png)",
+        "",
+        "## Per version",
+        "",
+        "Reward, topic rate, symbol-dominated and non-answer shares and words: judged served "
+        "turns. Reference NLL per token, KL to the reference, distinct-2 and unscored share: "
+        "the platform's own per-version measures. Probe columns: the promotion gate's "
+        "held-out probes.",
+        "",
+        *_per_version(summary),
+    ]
+    evals = summary.get("eval") or {}
+    if evals:
+        lines += ["", "## Held-out users (not recorded)", "",
+                  "| version | turns | mean reward | topic rate | symbols | words |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for name, row in evals.items():
+            lines.append(
+                f"| {name} | {row['turns']} | {_fmt(row['mean_reward'])} "
+                f"| {_fmt(row.get('topic_rate'), True)} | {_fmt(row.get('symbol_share'), True)} "
+                f"| {_num(row.get('mean_words'), 1)} |"
+            )
+        lines += _examples(evals)
+    platform = summary.get("platform") or {}
+    if rejected:
+        lines += ["", "## Versions the promotion gate refused", ""]
+        lines += [f"- v{v}: {(platform.get(str(v)) or {}).get('reason')}" for v in rejected]
+    return "\n".join(lines) + "\n"

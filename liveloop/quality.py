@@ -1,0 +1,152 @@
+"""Quality of each policy version on served traffic, beside its reward.
+
+A rising reward is not learning: a policy can please a judge while its replies decay.
+So every version is measured on the turns it served, by the loops that see them:
+
+- the judging loop, for each turn it finishes: judged or not, the score, the reply's length
+  in words, and its word bigrams (a HyperLogLog, for distinct-2);
+- the trainer, for each sample it trains on: the reference model's log-prob of every
+  served token, giving the reference NLL per token (how unnatural replies became) and a
+  k3 estimate of KL(served policy || reference).
+
+The counters live in one Redis hash per version (`liveloop:quality:v<N>`, plus
+`liveloop:quality:v<N>:bigrams`), so any process reads the same figures; the trainer
+exports them as metrics and stores them in the registry, and `liveloop eval` prints them.
+A turn belongs to the oldest version that produced one of its tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aredis
+from pydantic import BaseModel, Field
+
+from liveloop.bus import PREFIX
+
+VERSIONS_KEY = PREFIX + "quality:versions"
+WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)*")
+
+
+def version_key(version: int) -> str:
+    """The hash of counters of one version."""
+    return f"{PREFIX}quality:v{version}"
+
+
+def bigrams_key(version: int) -> str:
+    """The HyperLogLog of distinct reply bigrams of one version."""
+    return version_key(version) + ":bigrams"
+
+
+def reply_bigrams(text: str) -> list[str]:
+    """The lower-cased word bigrams of a reply (words are runs of letters)."""
+    words = [w.lower() for w in WORD.findall(text or "")]
+    return [f"{a} {b}" for a, b in itertools.pairwise(words)]
+
+
+class VersionQuality(BaseModel):
+    """The quality measures of one policy version on the turns it served."""
+
+    version: int
+    judged: int = Field(0, description="Turns the judges scored.")
+    unscored: int = Field(0, description="Turns no judge could score (no next state, failures).")
+    mean_reward: float | None = Field(None, description="Mean judged score.")
+    unscored_share: float | None = Field(None, description="unscored / (judged + unscored).")
+    mean_reply_words: float | None = Field(None, description="Mean reply length in words.")
+    distinct_2: float | None = Field(None, description="Distinct reply word bigrams / bigrams.")
+    ref_nll: float | None = Field(None, description="Reference model's NLL per served token.")
+    kl_ref: float | None = Field(None, description="k3 KL(served policy || reference) per token.")
+    ref_tokens: int = Field(0, description="Served tokens the reference measures are over.")
+
+    @classmethod
+    def from_counters(cls, version: int, raw: dict[str, Any], distinct: int) -> VersionQuality:
+        """Derive the measures from a version's raw counters."""
+        judged, unscored = int(raw.get("judged", 0)), int(raw.get("unscored", 0))
+        finished = judged + unscored
+        bigrams = int(raw.get("bigrams", 0))
+        tokens = int(raw.get("ref_tokens", 0))
+        return cls(
+            version=version,
+            judged=judged,
+            unscored=unscored,
+            mean_reward=float(raw["score_sum"]) / judged if judged else None,
+            unscored_share=unscored / finished if finished else None,
+            mean_reply_words=float(raw.get("words", 0)) / finished if finished else None,
+            distinct_2=min(1.0, distinct / bigrams) if bigrams else None,
+            ref_nll=float(raw["ref_nll_sum"]) / tokens if tokens else None,
+            kl_ref=float(raw["kl_sum"]) / tokens if tokens else None,
+            ref_tokens=tokens,
+        )
+
+
+@dataclass
+class DriftSums:
+    """Reference-model sums over served tokens of one version (from trained samples)."""
+
+    tokens: int = 0
+    nll_sum: float = 0.0
+    kl_sum: float = 0.0
+
+    def add(self, other: DriftSums) -> None:
+        """Fold another set of sums in."""
+        self.tokens += other.tokens
+        self.nll_sum += other.nll_sum
+        self.kl_sum += other.kl_sum
+
+
+class QualityStore:
+    """Per-version quality counters in Redis: written by the judge and trainer, read by all."""
+
+    def __init__(self, client: aredis.Redis) -> None:
+        self.client = client
+
+    @staticmethod
+    def queue_turn(pipe: Any, version: int, score: float | None, reply: str) -> None:
+        """Count one finished turn on a pipeline (`score` None: the judges could not score it)."""
+        key = version_key(version)
+        bigrams = reply_bigrams(reply)
+        pipe.zadd(VERSIONS_KEY, {str(version): version})
+        if score is None:
+            pipe.hincrby(key, "unscored", 1)
+        else:
+            pipe.hincrby(key, "judged", 1)
+            pipe.hincrbyfloat(key, "score_sum", float(score))
+        pipe.hincrby(key, "words", len(WORD.findall(reply or "")))
+        if bigrams:
+            pipe.hincrby(key, "bigrams", len(bigrams))
+            pipe.pfadd(bigrams_key(version), *bigrams)
+
+    async def add_drift(self, drift: dict[int, DriftSums]) -> None:
+        """Add reference-model sums per version."""
+        if not drift:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for version, sums in drift.items():
+                key = version_key(version)
+                pipe.zadd(VERSIONS_KEY, {str(version): version})
+                pipe.hincrby(key, "ref_tokens", sums.tokens)
+                pipe.hincrbyfloat(key, "ref_nll_sum", sums.nll_sum)
+                pipe.hincrbyfloat(key, "kl_sum", sums.kl_sum)
+            await pipe.execute()
+
+    async def versions(self) -> list[int]:
+        """Every version with counters, oldest first."""
+        members: Any = await self.client.zrange(VERSIONS_KEY, 0, -1)
+        return sorted(int(m) for m in members)
+
+    async def read(self, versions: list[int] | None = None) -> list[VersionQuality]:
+        """The measures of the given versions (default: all), oldest first."""
+        if versions is None:
+            versions = await self.versions()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for version in versions:
+                pipe.hgetall(version_key(version))
+                pipe.pfcount(bigrams_key(version))
+            replies = await pipe.execute()
+        return [
+            VersionQuality.from_counters(v, replies[2 * i] or {}, int(replies[2 * i + 1] or 0))
+            for i, v in enumerate(versions)
+        ]

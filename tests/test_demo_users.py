@@ -1,0 +1,139 @@
+"""Simulated users react like people and cannot be gamed; the rules judge reads them right."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from liveloop.demo import preferences as prefs
+from liveloop.demo.language import Lexicon, distinct_n, letter_words, read_reply
+from liveloop.demo.preferences import (
+    TOPICS,
+    OneSentence,
+    Opening,
+    Question,
+    WeatherAsker,
+    WordLimit,
+    make_population,
+)
+from liveloop.prm.judges.rules import RulesJudge
+
+BEES = next(t for t in TOPICS if t.name == "bees")
+ASK_BEES = Question("Tell me about bees.", topic=BEES)
+ON_TOPIC_SHORT = "Bees are insects that make honey."
+LONG = (
+    "Bees are flying insects closely related to wasps and ants, known for their role in "
+    "pollination and, in the case of the best-known bee species, the western honey bee, for "
+    "producing honey and beeswax in large colonies."
+)
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("🌱🌱🌵🌵⬉🌌🌮🌱🌵🌾🌢", "symbols"),  # an emoji run is not "one word"
+        ("🐝 🐝 🐝 honey 🐝 🐝", "symbols"),
+        ("Liahousisala\nruhaman\ntahi hai mulakah", "nonsense"),  # letters, but no English
+        ("", "nonsense"),
+        ("bees bees bees bees bees bees", "repetitive"),
+        ("Bees make honey. Bees make honey. Bees make honey. Bees make honey.", "repetitive"),
+        ("<b>bees</b> <i>honey</i> <div>hive</div> <p>x</p>", "markup"),
+        ("Trains run on rails across the whole country.", "off_topic"),
+    ],
+)
+def test_non_answers_get_a_complaint_never_thanks(reply: str, reason: str) -> None:
+    rng = random.Random(1)
+    for person in (WordLimit(30), Opening(30), OneSentence(30)):
+        reaction = person.react(ASK_BEES, reply, rng)
+        assert reaction.rating == -1.0 and reaction.reason == reason, (person, reaction)
+        assert not any(word in reaction.text.lower() for word in ("thank", "perfect", "great"))
+
+
+def test_a_short_real_answer_on_topic_pleases_a_word_limit_user() -> None:
+    reaction = WordLimit(10).react(ASK_BEES, ON_TOPIC_SHORT, random.Random(0))
+    assert (reaction.rating, reaction.reason) == (1.0, "pleased")
+
+
+def test_word_limits_count_real_words_not_symbols_or_numbers() -> None:
+    reply = ON_TOPIC_SHORT + " 1 2 3 4 5 6 7 8 9 10 11 12 -- ++"  # 6 words, then non-words
+    assert len(letter_words(reply)) == 6
+    assert WordLimit(6).react(ASK_BEES, reply, random.Random(0)).rating == 1.0
+    too_long = WordLimit(12).react(ASK_BEES, LONG, random.Random(0))
+    assert (too_long.rating, too_long.reason) == (-1.0, "too_long")
+    nearly = WordLimit(5).react(ASK_BEES, ON_TOPIC_SHORT + " Sweet.", random.Random(0))
+    assert (nearly.rating, nearly.reason) == (0.0, "nearly")
+
+
+def test_opening_and_one_sentence_wishes() -> None:
+    rng = random.Random(0)
+    late = "In summer, many insects like bees make honey."
+    assert Opening(20).react(ASK_BEES, late, rng).reason == "opening"
+    assert Opening(20).react(ASK_BEES, ON_TOPIC_SHORT, rng).rating == 1.0
+    two = "Bees make honey. They live in hives."
+    assert OneSentence(20).react(ASK_BEES, two, rng).reason == "one_sentence"
+    assert OneSentence(20).react(ASK_BEES, ON_TOPIC_SHORT, rng).rating == 1.0
+
+
+def test_weather_users_want_the_tool_and_a_true_short_answer() -> None:
+    rng = random.Random(0)
+    person = WeatherAsker(15)
+    question = person.ask(rng)
+    assert question.wants_tool and question.city in prefs.KNOWN_CITIES
+    result = f"{question.city.title()}: {prefs.KNOWN_CITIES[question.city]}"
+    weather_word = letter_words(prefs.KNOWN_CITIES[question.city])[0]
+    answer = f"It is {weather_word} in {question.city.title()} today."
+    assert person.react(question, answer, rng).reason == "no_tool"  # answered without the tool
+    assert person.react(question, answer, rng, result).rating == 1.0
+    wrong = "It is warm and pleasant there today."
+    assert person.react(question, wrong, rng, result).reason == "wrong_weather"
+
+
+def test_non_strict_users_judge_only_the_preference() -> None:
+    people = make_population(8, 0, (5,), strict=False)
+    assert all(not p.strict for p in people)
+    assert WordLimit(5, strict=False).react(ASK_BEES, "🌱 xq zzv", random.Random(0)).rating == 1.0
+
+
+def test_population_is_a_mix_of_preferences() -> None:
+    names = {p.name for p in make_population(16, 3, (20, 25))}
+    assert {"word_limit", "opening", "one_sentence", "weather_tool"} <= names
+
+
+def _every_phrase(fill: dict[str, object]) -> dict[str, list[str]]:
+    negative = [*prefs.TOO_LONG, *prefs.WANTS_OPENING, *prefs.WANTS_ONE_SENTENCE]
+    negative += [*prefs.WANTS_TOOL, *prefs.WRONG_WEATHER]
+    for options in prefs.COMPLAINTS.values():
+        negative += options
+    return {
+        "negative": [p.format(**fill) for p in negative],
+        "positive": list(prefs.APPROVALS),
+        "neutral": list(prefs.LUKEWARM),
+    }
+
+
+async def test_rules_judge_scores_every_user_phrase_as_meant() -> None:
+    """Complaints and corrections score -1, thanks +1, lukewarm 0 (with a question after)."""
+    judge = RulesJudge()
+    expected = {"negative": -1.0, "positive": 1.0, "neutral": 0.0}
+    for kind, phrases in _every_phrase({"t": "bees", "n": 12}).items():
+        for phrase in phrases:
+            message = {"role": "user", "content": f"{phrase} Tell me about owls."}
+            assert judge.score_messages([message]).score == expected[kind], phrase
+
+
+def test_lexicon_knows_inflections_and_not_gibberish() -> None:
+    lexicon = Lexicon.english()
+    for word in ("bees", "volcanoes", "erupted", "stopped", "bigger", "didn't", "it's", "studies"):
+        assert lexicon.is_word(word), word
+    for word in ("liahousisala", "ruhaman", "mulakah", "qzxv"):
+        assert not lexicon.is_word(word), word
+
+
+def test_reading_and_distinct_n() -> None:
+    reading = read_reply(ON_TOPIC_SHORT, BEES.forms)
+    assert reading.problem is None and reading.on_topic and reading.words == 6
+    assert read_reply("🌱🌱🌵🌵").dominated_by_symbols
+    assert not read_reply(ON_TOPIC_SHORT).dominated_by_symbols
+    assert distinct_n(["a b a b"], 2) == pytest.approx(2 / 3)
+    assert distinct_n(["", "x"], 2) is None

@@ -1,0 +1,189 @@
+"""Per-version quality on a known reply set, and the promotion gate on degraded weights."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis.asyncio as aredis
+import torch
+
+from liveloop import bus
+from liveloop.collector.writer import BatchWriter
+from liveloop.config import load_settings
+from liveloop.contracts import WeightsAnnouncement
+from liveloop.quality import WORD, DriftSums, QualityStore
+from liveloop.registry import Registry
+from liveloop.trainer.data import build_micro_batch
+from liveloop.trainer.gate import PromotionGate, build_panel
+from liveloop.trainer.loop import Trainer
+from liveloop.trainer.policy import load_policy
+from liveloop.trainer.ppo import drift_sums
+from tests.server_proc import ADMIN_KEY, ServerProcess
+from tests.test_collector_support import settings_for
+from tests.test_trainer import make_samples
+
+
+async def test_quality_measures_of_a_known_reply_set(aredis_client: aredis.Redis) -> None:
+    store = QualityStore(aredis_client)
+    replies = [
+        (1.0, "bees make honey"),  # 3 words, bigrams: "bees make", "make honey"
+        (-1.0, "bees make wax"),  # bigrams: "bees make" (again), "make wax"
+        (None, "owls hoot"),  # unscored; bigram "owls hoot"
+    ]
+    async with aredis_client.pipeline(transaction=False) as pipe:
+        for score, text in replies:
+            QualityStore.queue_turn(pipe, 3, score, text)
+        QualityStore.queue_turn(pipe, 4, 0.5, "x")
+        await pipe.execute()
+    await store.add_drift({3: DriftSums(tokens=4, nll_sum=8.0, kl_sum=0.4)})
+    [v3] = await store.read([3])
+    assert (v3.judged, v3.unscored) == (2, 1)
+    assert v3.mean_reward == pytest.approx(0.0)
+    assert v3.unscored_share == pytest.approx(1 / 3)
+    assert v3.mean_reply_words == pytest.approx(8 / 3)
+    assert v3.distinct_2 == pytest.approx(4 / 5)  # 4 distinct of 5 bigrams
+    assert v3.ref_nll == pytest.approx(2.0) and v3.kl_ref == pytest.approx(0.1)
+    assert [q.version for q in await store.read()] == [3, 4]
+
+
+def test_drift_sums_split_a_micro_batch_by_served_version() -> None:
+    samples = make_samples(2, seed=7)
+    samples[0].versions = [5] * len(samples[0].versions)
+    samples[1].versions = [6] * len(samples[1].versions)
+    mb = build_micro_batch(samples)
+    reference = torch.full((mb.num_targets,), -2.0)
+    out = drift_sums(mb, reference)
+    for sample, version in zip(samples, (5, 6), strict=True):
+        n = len(sample.completion_token_ids)
+        d = torch.tensor(-2.0) - torch.tensor(sample.logprobs)
+        assert out[version].tokens == n
+        assert out[version].nll_sum == pytest.approx(2.0 * n)
+        assert out[version].kl_sum == pytest.approx(float((d.exp() - d - 1).sum()), rel=1e-5)
+
+
+def _degrade(model: Any) -> None:
+    """Noise on every weight, and the final norm scaled up: sharp, unrelated predictions."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(3.0 * p.std() * torch.randn_like(p))
+            if name == "model.norm.weight":
+                p.mul_(20.0)
+
+
+async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() -> None:
+    settings = load_settings(model="tiny-random", trainer={"gate": {"max_kl": 1.0}})
+    policy = load_policy("tiny-random", "cpu", settings.trainer.lora, with_reference=True)
+    gate = PromotionGate(settings, build_panel(settings))
+    await gate.start(policy, 0)
+    assert gate.version0 is not None and gate.version0.kl_ref == pytest.approx(0.0, abs=1e-6)
+    unchanged = gate.decide(await gate.probe(policy, 1))
+    assert unchanged.accepted, unchanged.reason
+    assert unchanged.probe.kl_ref == pytest.approx(0.0, abs=1e-4)
+    _degrade(policy.model)
+    degraded = gate.decide(await gate.probe(policy, 2))
+    assert not degraded.accepted
+    assert degraded.reason is not None and "KL to the reference" in degraded.reason
+    assert degraded.probe.kl_ref > 1.0
+
+
+def _weights(url: str) -> dict[str, Any]:
+    resp = httpx.get(url + "/admin/weights", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+async def _announced(client: aredis.Redis) -> list[WeightsAnnouncement]:
+    entries = await client.xrange("liveloop:weights")
+    return [bus.decode(fields, WeightsAnnouncement) for _id, fields in entries]
+
+
+@pytest.mark.slow
+async def test_a_refused_version_is_never_served_and_training_goes_on_from_the_last_accepted(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path, tmp_path: Path
+) -> None:
+    """End to end: trainer -> gate -> registry + liveloop:weights -> a real server process."""
+    (tmp_path / "server").mkdir()
+    server = ServerProcess(redis_url, tmp_path / "server", env={"LIVELOOP_ADMIN_KEY": ADMIN_KEY})
+    server.start()
+    try:
+        writer = BatchWriter(aredis_client, data_dir)
+        await writer.write(make_samples(4, seed=11), 0)
+        gate = {"max_kl": 1.0}  # tiny-random has no KL bound of its own: its reference is noise
+        wild = settings_for(
+            redis_url, data_dir, trainer={"lr": 1.0, "max_updates": 1, "gate": gate}
+        )
+        trainer = Trainer(wild)  # Adam at lr 1 moves every weight by ~1: degraded
+        await trainer.run()
+        assert trainer.version == 0 and trainer.rejected == 1 and trainer.next_version == 2
+        base = load_policy("tiny-random", "cpu", wild.trainer.lora).model
+        for mine, theirs in zip(trainer._updater().policy.model.parameters(), base.parameters(),
+                                strict=True):  # fmt: skip
+            assert torch.equal(mine, theirs)  # reverted to version 0's weights
+        [refused] = await _announced(aredis_client)
+        assert (refused.version, refused.status) == (1, "rejected") and refused.reason
+
+        await writer.write(make_samples(4, seed=12), 0)
+        calm = settings_for(
+            redis_url, data_dir, trainer={"lr": 1e-9, "max_updates": 1, "gate": gate}
+        )
+        again = Trainer(calm)
+        await again.run()
+        assert again.version == 2 and again.rejected == 0  # numbers are never reused
+        assert [(a.version, a.status) for a in await _announced(aredis_client)] == [
+            (1, "rejected"),
+            (2, "accepted"),
+        ]
+        with Registry.open(calm.effective_db_url) as registry:
+            rows = {v.version: v for v in registry.list_model_versions()}
+            assert rows[1].status == "rejected" and rows[1].reason == refused.reason
+            assert registry.latest_model_version() == rows[2]
+            probes = {q.version: q.probe for q in registry.version_quality()}
+        assert probes[1] is not None and probes[1]["kl_ref"] > probes[2]["kl_ref"]
+        assert set(probes) >= {0, 1, 2}
+
+        deadline = time.monotonic() + 60
+        while (state := _weights(server.base_url))["version"] != 2:
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.2)
+        assert [h["version"] for h in state["history"]] == [2]  # version 1 was never loaded
+        assert [r["version"] for r in state["rejected"]] == [1]
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert raw.headers["x-policy-version"] == "2"
+    finally:
+        server.stop()
+
+
+async def test_the_judging_loop_counts_every_finished_turn_per_version(
+    aredis_client: aredis.Redis, redis_url: str
+) -> None:
+    """Judged turns add their score and words to their version; silent ones count unscored."""
+    from liveloop.prm.synthetic import conversation, user, write_turns
+    from tests.test_prm_loop import fast_settings, judging, wait_for
+
+    settings = fast_settings(redis_url, rules={"timeout_score": None})
+    turns = conversation("q", [user("hi"), user("thanks, perfect"), user("too long")])
+    async with judging(aredis_client, settings):
+        await write_turns(aredis_client, turns)
+        store = QualityStore(aredis_client)
+
+        async def all_finished() -> bool:
+            found = await store.read()
+            return bool(found) and found[0].judged + found[0].unscored == 3
+
+        await wait_for(all_finished)
+    [quality] = await store.read()
+    # turn 0 -> "thanks, perfect" (+1); turn 1 -> "too long" (-1); turn 2 -> silence
+    assert (quality.version, quality.judged, quality.unscored) == (0, 2, 1)
+    assert quality.mean_reward == pytest.approx(0.0)
+    replies = [t.response.get("content") or "" for t in turns]
+    words = sum(len(WORD.findall(r)) for r in replies)  # words are runs of letters
+    assert quality.mean_reply_words == pytest.approx(words / 3)

@@ -1,0 +1,162 @@
+"""The promotion gate: a trained version is served only if it does not make things worse.
+
+Reward alone can rise while replies decay, so before the trainer announces a version it
+answers a fixed probe set (`liveloop.trainer.probes`) with the new weights, in the
+trainer's own process: serving never waits for it. The version is refused when its judged
+probe reward falls below the serving version's by more than `reward_margin`, when its KL to
+the reference model exceeds `max_kl`, or when its replies' reference NLL per token exceeds
+`max_nll_ratio` times version 0's. A refused version is recorded and announced as
+rejected (never served), and the trainer trains on from the last accepted version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from liveloop.config import LiveLoopSettings
+from liveloop.config.defaults import model_defaults
+from liveloop.prm.judges.registry import load_judges
+from liveloop.prm.metrics import PrmMetrics
+from liveloop.prm.panel import JudgePanel
+from liveloop.trainer.policy import Policy, completion_logprobs
+from liveloop.trainer.probes import (
+    ProbeResult,
+    Sampled,
+    judge_replies,
+    probe_set,
+    render_prompts,
+    reply_logprobs,
+    sample_replies,
+    summarise,
+)
+
+log = logging.getLogger(__name__)
+
+
+class GateVerdict(BaseModel):
+    """Whether a version may be served, why not, and what its probes showed."""
+
+    accepted: bool
+    reason: str | None = None
+    probe: ProbeResult
+
+
+def build_panel(settings: LiveLoopSettings) -> JudgePanel:
+    """The configured judges, as the judging loop would build them (validated at start-up)."""
+    judges = load_judges(settings.prm.judges, settings)
+    return JudgePanel(judges, PrmMetrics(CollectorRegistry()), settings.prm.judge_timeout_s)
+
+
+@contextlib.contextmanager
+def reference_weights(policy: Policy) -> Iterator[Any]:
+    """The reference model to generate with: the frozen copy, or the base under LoRA."""
+    if policy.lora:
+        with policy.model.disable_adapter():
+            yield policy.model
+    else:
+        if policy.reference is None:
+            raise RuntimeError("the promotion gate needs the reference model")
+        yield policy.reference
+
+
+class PromotionGate:
+    """Probes a candidate's weights and decides whether it may replace the serving version."""
+
+    def __init__(self, settings: LiveLoopSettings, panel: JudgePanel) -> None:
+        self.settings = settings
+        self.cfg = settings.trainer.gate
+        self.panel = panel
+        self.probes = probe_set(settings)
+        defaults = model_defaults(settings.model)
+        self.max_tokens = self.cfg.max_tokens or defaults.reply_tokens
+        self.max_kl = self.cfg.max_kl if self.cfg.max_kl is not None else defaults.gate_max_kl
+        self.version0: ProbeResult | None = None
+        self.serving: ProbeResult | None = None
+        self._prompts: list[list[int]] | None = None
+
+    def _sample(self, policy: Policy, version: int) -> tuple[Sampled, list[Any], list[Any]]:
+        """Replies of `version`'s weights (the reference's for 0) and their log-probs."""
+        if self._prompts is None:
+            self._prompts = render_prompts(policy.tokenizer, self.probes)
+        device = str(next(policy.model.parameters()).device)
+        if version == 0:
+            with reference_weights(policy) as model:
+                sampled = self._replies(model, policy.tokenizer)
+                own = reply_logprobs(lambda mb: completion_logprobs(model, mb)[0], sampled, device)
+            return sampled, own, own
+        sampled = self._replies(policy.model, policy.tokenizer)
+        own = reply_logprobs(lambda mb: completion_logprobs(policy.model, mb)[0], sampled, device)
+        reference = reply_logprobs(policy.reference_logprobs, sampled, device)
+        return sampled, own, reference
+
+    def _replies(self, model: Any, tokenizer: Any) -> Sampled:
+        assert self._prompts is not None
+        return sample_replies(
+            model,
+            tokenizer,
+            self._prompts,
+            max_tokens=self.max_tokens,
+            temperature=self.cfg.temperature,
+            seed=self.cfg.seed,
+        )
+
+    async def probe(self, policy: Policy, version: int) -> ProbeResult:
+        """Answer, judge and measure the probe set with `version`'s weights."""
+        started = time.perf_counter()
+        sampled, own, reference = await asyncio.to_thread(self._sample, policy, version)
+        replies = await judge_replies(
+            self.panel, self.probes, sampled, version, self.settings.model, self.cfg.seed
+        )
+        result = summarise(version, self.probes, replies, own, reference)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    async def start(self, policy: Policy, serving_version: int) -> None:
+        """Probe version 0 (the drift baseline) and the version being served now."""
+        self.version0 = await self.probe(policy, 0)
+        self.serving = self.version0
+        if serving_version > 0:
+            self.serving = await self.probe(policy, serving_version)
+        log.info(
+            "promotion gate ready: %d probes, version 0 reward %s, reference NLL %.3f",
+            len(self.probes),
+            _fmt(self.version0.reward),
+            self.version0.ref_nll,
+        )
+
+    def decide(self, candidate: ProbeResult) -> GateVerdict:
+        """Accept unless the candidate regresses in reward or drifts too far (reasons given)."""
+        if self.version0 is None or self.serving is None:
+            raise RuntimeError("PromotionGate.start() has not run")
+        reasons: list[str] = []
+        base, new = self.serving.reward, candidate.reward
+        if base is not None and new is not None and new < base - self.cfg.reward_margin:
+            reasons.append(
+                f"probe reward {new:+.3f} is below the serving version's {base:+.3f} "
+                f"by more than {self.cfg.reward_margin:g}"
+            )
+        if self.max_kl is not None and candidate.kl_ref > self.max_kl:
+            reasons.append(f"KL to the reference {candidate.kl_ref:.3f} > {self.max_kl:g}")
+        ratio = self.cfg.max_nll_ratio
+        if ratio is not None and candidate.ref_nll > ratio * self.version0.ref_nll:
+            reasons.append(
+                f"reference NLL {candidate.ref_nll:.3f} > {ratio:g} x version 0's "
+                f"{self.version0.ref_nll:.3f}"
+            )
+        return GateVerdict(accepted=not reasons, reason="; ".join(reasons) or None, probe=candidate)
+
+    def accepted(self, result: ProbeResult) -> None:
+        """A version went live: it is the one the next candidates are compared with."""
+        self.serving = result
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"

@@ -1,0 +1,243 @@
+"""A fixed probe set, answered by a policy's weights and judged: what the promotion gate sees.
+
+A probe is a question plus, when it comes from a held-out simulated user, that user, who
+reacts to the reply the way they would in a session; the reaction is the next state the
+configured judges score, exactly as in the judging loop. Replies are sampled in one
+batched `generate` with a fixed seed, so two versions answer the same questions with the
+same random numbers, which keeps their comparison tight. Each reply is also scored by the
+reference model: its NLL per token (how unnatural the reply is) and a k3 estimate of the
+KL from the policy to the reference.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from liveloop.config import LiveLoopSettings
+from liveloop.config.defaults import model_defaults
+from liveloop.contracts import BatchSample, TurnRecord
+from liveloop.demo.language import distinct_n, read_reply
+from liveloop.demo.preferences import Question, WordLimit, make_population
+from liveloop.prm.judges.base import JudgeRequest, NextState
+from liveloop.prm.panel import JudgePanel
+from liveloop.trainer.data import MicroBatch, build_micro_batch
+
+if TYPE_CHECKING:
+    import torch
+
+EXAMPLES_KEPT = 6
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe question; `user` reacts to the reply (None: an operator prompt)."""
+
+    question: Question
+    user: WordLimit | None = None
+
+
+def probe_set(settings: LiveLoopSettings) -> list[Probe]:
+    """Operator prompts, or else one question from each held-out simulated user."""
+    gate = settings.trainer.gate
+    if gate.prompts:
+        return [Probe(Question(text)) for text in gate.prompts]
+    defaults = model_defaults(settings.model)
+    people = make_population(
+        gate.probe_users, gate.seed, defaults.word_limits, strict=defaults.has_language
+    )
+    return [Probe(p.ask(random.Random(gate.seed + i)), p) for i, p in enumerate(people)]
+
+
+class ProbeReply(BaseModel):
+    """A probe's reply and what became of it."""
+
+    question: str
+    reply: str
+    reaction: str | None = None
+    score: float | None = None
+
+
+class ProbeResult(BaseModel):
+    """One version's answers to the probe set, judged and measured against the reference."""
+
+    version: int
+    probes: int
+    scored: int = Field(description="Probes the judges could score.")
+    reward: float | None = Field(None, description="Mean judged score of the scored probes.")
+    ref_nll: float = Field(description="Reference NLL per reply token.")
+    kl_ref: float = Field(description="k3 KL(policy || reference) per reply token.")
+    mean_words: float
+    distinct_2: float | None
+    topic_rate: float | None = Field(None, description="Share of replies naming the topic.")
+    symbol_share: float = Field(description="Share of replies dominated by symbols or markup.")
+    seconds: float = 0.0
+    examples: list[ProbeReply] = Field(default_factory=list)
+
+
+@dataclass
+class Sampled:
+    """Prompt and completion token ids of every probe, and the reply texts."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    texts: list[str]
+
+
+def render_prompts(tokenizer: Any, probes: list[Probe]) -> list[list[int]]:
+    """Each probe's prompt ids, rendered exactly as the server renders a request."""
+    from liveloop.server.tools.template import ChatTemplate
+
+    template = ChatTemplate(tokenizer)
+    return [
+        template.render_ids([{"role": "user", "content": p.question.text}], None) for p in probes
+    ]
+
+
+def sample_replies(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+) -> Sampled:
+    """Sample one reply per prompt in one batched, seeded `generate` (left-padded)."""
+    import torch
+
+    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_tokens,
+                pad_token_id=pad,
+                eos_token_id=sorted(eos_ids),
+            )
+    finally:
+        model.train(was_training)
+    completions: list[list[int]] = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        completions.append(row[:cut])
+    texts = [tokenizer.decode(c, skip_special_tokens=True).strip() for c in completions]
+    return Sampled(list(prompts), completions, texts)
+
+
+def reply_logprobs(
+    score: Callable[[MicroBatch], torch.Tensor], sampled: Sampled, device: str
+) -> list[torch.Tensor]:
+    """Each completion token's log-prob under `score` (a model's), one tensor per probe."""
+    import torch
+
+    samples = [
+        BatchSample(
+            key=str(i),
+            prompt_token_ids=p,
+            completion_token_ids=c,
+            logprobs=[0.0] * len(c),
+            versions=[0] * len(c),
+            advantage=0.0,
+            score=0.0,
+        )
+        for i, (p, c) in enumerate(zip(sampled.prompts, sampled.completions, strict=True))
+    ]
+    with torch.no_grad():
+        logp = score(build_micro_batch(samples, device))
+    return list(torch.split(logp, [len(c) for c in sampled.completions]))
+
+
+def probe_record(probe: Probe, sampled: Sampled, i: int, version: int, model: str) -> TurnRecord:
+    """A turn record of one probe reply, for judges that read the whole turn."""
+    n = len(sampled.completions[i])
+    return TurnRecord(
+        session_id=f"gate-probe-{i}",
+        turn_index=0,
+        tenant="gate",
+        request_id=f"gate-{version}-{i}",
+        messages=[{"role": "user", "content": probe.question.text}],
+        response={"role": "assistant", "content": sampled.texts[i]},
+        prompt_token_ids=sampled.prompts[i],
+        completion_token_ids=sampled.completions[i],
+        logprobs=[0.0] * n,
+        versions=[version] * n,
+        finish_reason="stop",
+        model=model,
+    )
+
+
+async def judge_replies(
+    panel: JudgePanel, probes: list[Probe], sampled: Sampled, version: int, model: str, seed: int
+) -> list[ProbeReply]:
+    """React (held-out users) and judge every reply with the configured panel."""
+    replies: list[ProbeReply] = []
+    for i, probe in enumerate(probes):
+        text = sampled.texts[i]
+        reaction = None
+        if probe.user is not None:
+            reaction = probe.user.react(probe.question, text, random.Random(seed + i)).text
+        state = NextState(messages=[{"role": "user", "content": reaction}] if reaction else None)
+        record = probe_record(probe, sampled, i, version, model)
+        verdict = await panel.judge(JudgeRequest.for_turn(record, state))
+        replies.append(
+            ProbeReply(
+                question=probe.question.text,
+                reply=text,
+                reaction=reaction,
+                score=verdict.score if verdict else None,
+            )
+        )
+    return replies
+
+
+def summarise(
+    version: int,
+    probes: list[Probe],
+    replies: list[ProbeReply],
+    policy_logp: list[torch.Tensor],
+    reference_logp: list[torch.Tensor],
+) -> ProbeResult:
+    """The probe result of one version from its judged replies and log-probs."""
+    import torch
+
+    tokens = sum(len(x) for x in policy_logp)
+    nll = -sum(float(r.sum()) for r in reference_logp) / max(tokens, 1)
+    d = [r - p for p, r in zip(policy_logp, reference_logp, strict=True)]
+    kl = sum(float((torch.exp(x) - x - 1.0).sum()) for x in d) / max(tokens, 1)
+    scores = [r.score for r in replies if r.score is not None]
+    readings = [
+        read_reply(r.reply, p.question.topic.forms if p.question.topic else None)
+        for r, p in zip(replies, probes, strict=True)
+    ]
+    topical = [x.on_topic for x in readings if x.on_topic is not None]
+    return ProbeResult(
+        version=version,
+        probes=len(replies),
+        scored=len(scores),
+        reward=sum(scores) / len(scores) if scores else None,
+        ref_nll=nll,
+        kl_ref=kl,
+        mean_words=sum(x.words for x in readings) / max(len(readings), 1),
+        distinct_2=distinct_n(r.reply for r in replies),
+        topic_rate=sum(topical) / len(topical) if topical else None,
+        symbol_share=sum(x.dominated_by_symbols for x in readings) / max(len(readings), 1),
+        examples=replies[:EXAMPLES_KEPT],
+    )
