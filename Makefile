@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy
+	$(BIN)/mypy --strict
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -63,9 +63,9 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 import redis.asyncio as aredis  # noqa: E402
 
 from liveloop import bus  # noqa: E402
-from liveloop.collector.versions import latest_announced_version  # noqa: E402
 from liveloop.contracts import ScoredTurn, WeightsAnnouncement  # noqa: E402
 from liveloop.valkey import EmbeddedValkey  # noqa: E402
+from liveloop.weights import latest_announcement  # noqa: E402
 
 VOCAB = 49152
 BEHAVIOUR_LOGPROB = -math.log(VOCAB)
@@ -100,7 +100,8 @@ class SimulatedServer:
 
     async def follow_versions(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            self.version = await latest_announced_version(self.client) or 0
+            latest = await latest_announcement(self.client)
+            self.version = latest.version if latest is not None else 0
             await asyncio.sleep(0.05)
 
     def _turn(self, req: Request) -> ScoredTurn:
@@ -170,7 +171,7 @@ async def announcements(client: aredis.Redis) -> list[WeightsAnnouncement]:
 
 
 async def run_mode(redis_url: str, staleness: int, args: argparse.Namespace) -> dict[str, float]:
-    client = aredis.from_url(redis_url, decode_responses=True)
+    client = bus.redis_client(redis_url)
     await client.flushdb()
     server = SimulatedServer(client, args, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="liveloop-bench-") as tmp:

@@ -65,7 +65,7 @@ def build_turns(total: int, per_session: int) -> tuple[list[TurnRecord], list[Fe
 
 
 async def fill(url: str, turns: list[TurnRecord], feedback: list[Feedback]) -> None:
-    client = aredis.from_url(url, decode_responses=True)
+    client = bus.redis_client(url)
     await client.flushdb()
     await write_turns(client, turns)
     for fb in feedback:
@@ -90,7 +90,7 @@ async def watch(
     valkey: psutil.Process,
 ) -> dict[str, Any]:
     """Poll the scored stream until every turn is there; CPU is measured over the same span."""
-    client = aredis.from_url(url, decode_responses=True)
+    client = bus.redis_client(url)
     first: float | None = None
     done: float | None = None
     cpu0 = cpu1 = (0.0, 0.0)

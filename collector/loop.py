@@ -23,6 +23,7 @@ import redis.asyncio as aredis
 from pydantic import ValidationError
 
 from liveloop import bus
+from liveloop.bus import keys
 from liveloop.collector.advantages import Baselines, GroupAssembler, PendingSample
 from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.packing import Bin, FlushPolicy
@@ -33,8 +34,6 @@ from liveloop.contracts import ScoredTurn
 
 log = logging.getLogger(__name__)
 
-COLLECTOR_GROUP = "collector"
-BASELINES_KEY = "liveloop:collector:baselines"
 IDLE_BLOCK_MS = 1000
 BUSY_BLOCK_MS = 100
 
@@ -69,7 +68,7 @@ class Collector:
         self.consumer = bus.StreamConsumer(
             client,
             bus.SCORED,
-            COLLECTOR_GROUP,
+            bus.COLLECTOR_GROUP,
             cfg.consumer_name,
             claim_idle_ms=cfg.claim_idle_ms,
             count=cfg.read_count,
@@ -80,7 +79,7 @@ class Collector:
         self.baselines = Baselines(cfg.baseline_decay)
         self.policy = FlushPolicy(cfg.token_budget, cfg.min_turns, cfg.min_fill, cfg.max_wait_s)
         self.ready: list[PendingSample] = []
-        self._held_entries: set[str] = set()
+        self.held = self.consumer.in_flight  # entries held until their batch is published
         self._held_keys: set[str] = set()
         self._stop = threading.Event()
 
@@ -91,7 +90,7 @@ class Collector:
     async def start(self) -> None:
         """Create the consumer group and read the trainer's version."""
         await self.consumer.ensure_group()
-        stored: Any = await self.client.hgetall(BASELINES_KEY)  # type: ignore[misc]
+        stored: Any = await self.client.hgetall(keys.COLLECTOR_BASELINES)
         self.baselines.load({str(k): str(v) for k, v in stored.items()})
         for judge, baseline in self.baselines.by_judge.items():
             self.metrics.baseline.labels(judge).set(baseline.value)
@@ -108,7 +107,7 @@ class Collector:
     async def step(self, block_ms: int | None = None) -> None:
         """Read what arrived, close due groups, publish the batches that are ready."""
         if block_ms is None:
-            block_ms = BUSY_BLOCK_MS if self._held_entries else IDLE_BLOCK_MS
+            block_ms = BUSY_BLOCK_MS if self.held else IDLE_BLOCK_MS
         entries = await self.consumer.read(block_ms=block_ms)
         now = time.monotonic()
         await self._intake(entries, now)
@@ -124,15 +123,9 @@ class Collector:
             self.ready.extend(group)
         if moved:
             state: Any = self.baselines.dump(moved)
-            await self.client.hset(BASELINES_KEY, mapping=state)  # type: ignore[misc]
+            await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)
         await self._flush(now)
-        self.metrics.pending.set(len(self._held_entries))
-
-    async def _dead_letter(self, entry: bus.Entry, error: str) -> None:
-        fields = dict(entry.fields)
-        fields.update({"error": error[:2000], "source_id": entry.id, "attempts": "1"})
-        await self.client.xadd(bus.dlq_key(bus.SCORED), fields)  # type: ignore[arg-type]
-        log.error("scored entry %s dead-lettered: %s", entry.id, error)
+        self.metrics.pending.set(len(self.held))
 
     def _lag(self, turn: ScoredTurn, version: int) -> int:
         return version - turn.min_version
@@ -143,14 +136,11 @@ class Collector:
         acks: list[str] = []
         candidates: list[PendingSample] = []
         for entry in entries:
-            if entry.id in self._held_entries:
-                continue  # our own held entry, reclaimed after a long wait
             self.metrics.turns.inc()
             try:
                 turn = entry.parse(ScoredTurn)
             except (ValidationError, ValueError) as exc:
-                await self._dead_letter(entry, f"unreadable scored turn: {exc}")
-                acks.append(entry.id)
+                await self.consumer.dead_letter(entry, f"unreadable scored turn: {exc}")
                 continue
             reason = reject_reason(turn)
             if reason is None:
@@ -170,14 +160,14 @@ class Collector:
                 acks.append(c.entry_id)
                 continue
             self.groups.add(c)
-            self._held_entries.add(c.entry_id)
+            self.held.add(c.entry_id)
             self._held_keys.add(c.key)
         await self.consumer.ack(*acks)
 
     async def _release(self, samples: list[PendingSample]) -> None:
         """Acknowledge and forget samples that are published or dropped."""
         for p in samples:
-            self._held_entries.discard(p.entry_id)
+            self.held.discard(p.entry_id)
             self._held_keys.discard(p.key)
         await self.consumer.ack(*[p.entry_id for p in samples])
 

@@ -1,10 +1,10 @@
 """Writing batches to `liveloop:batches` exactly once, inline or by reference to a file.
 
-A batch's id is a hash of its turn keys, and one Lua script, atomically: refuses the batch
-when its id was published before (the dedupe key, as `bus.publish` does) or when any of its
-turns is already part of a published batch; otherwise XADDs the entry and records every
-turn key in a sorted set (scored by time, trimmed after `MEMBER_TTL_S`). So a turn
-re-delivered after a crash, or reclaimed by a second collector, is never trained twice.
+A batch's id is a hash of its turn keys, and one exactly-once write (`bus.ExactlyOnce`),
+atomically: refuses the batch when its id was published before (the dedupe key) or when
+any of its turns is already part of a published batch (the member set); otherwise XADDs the
+entry and records every turn key in the member set. So a turn re-delivered after a crash,
+or reclaimed by a second collector, is never trained twice.
 A batch over `inline_max_bytes` is written (atomically) to `<data-dir>/batches/<id>.json`
 first; the entry then carries that path relative to the data dir.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,24 +20,10 @@ from pathlib import Path
 import redis.asyncio as aredis
 
 from liveloop import bus
+from liveloop.bus import keys
 from liveloop.contracts import BatchSample, TrainingBatch
 
-MEMBER_TTL_S = 7 * 24 * 3600
 BATCHES_SUBDIR = "batches"
-
-# KEYS: stream, dedupe marker, member set. ARGV: ttl, now, cutoff, n_members, members...,
-# then stream field/value pairs. Returns the entry id, "dup", or the first taken member.
-_PUBLISH_BATCH = """
-local n = tonumber(ARGV[4])
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'dup'} end
-for i = 5, 4 + n do
-  if redis.call('ZSCORE', KEYS[3], ARGV[i]) then return {'taken', ARGV[i]} end
-end
-redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
-for i = 5, 4 + n do redis.call('ZADD', KEYS[3], ARGV[2], ARGV[i]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[3])
-return {'ok', redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5 + n))}
-"""
 
 
 def batch_id_for(keys: Sequence[str]) -> str:
@@ -67,7 +52,8 @@ class BatchWriter:
         self.data_dir = Path(data_dir)
         self.inline_max_bytes = inline_max_bytes
         self.stream = bus.stream_key(bus.BATCHES)
-        self.members_key = self.stream + ":members"
+        self.members_key = keys.batch_members()
+        self.once = bus.ExactlyOnce(client)
 
     async def already_batched(self, keys: Sequence[str]) -> set[str]:
         """The subset of turn keys that are part of a published batch."""
@@ -91,9 +77,9 @@ class BatchWriter:
 
     async def write(self, samples: list[BatchSample], trainer_version: int) -> WriteResult:
         """Publish one batch (by reference when large) unless it or a turn of it exists."""
-        keys = [s.key for s in samples]
+        turn_keys = [s.key for s in samples]
         batch = TrainingBatch(
-            batch_id=batch_id_for(keys),
+            batch_id=batch_id_for(turn_keys),
             trainer_version=trainer_version,
             num_tokens=sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s in samples),
             samples=samples,
@@ -106,19 +92,11 @@ class BatchWriter:
             spilled = self._spill(batch)
             batch = batch.model_copy(update={"samples": None, "path": str(spilled)})
             payload = batch.model_dump_json()
-        now = time.time()
-        argv: list[str | int | float] = [bus.DEDUPE_TTL_S, now, now - MEMBER_TTL_S, len(keys)]
-        argv += keys
-        argv += ["data", payload, "batch_id", batch.batch_id, "num_tokens", batch.num_tokens]
-        marker = bus.dedupe_marker(self.stream, batch.batch_id)
-        reply = await self.client.eval(  # type: ignore[misc]
-            _PUBLISH_BATCH, 3, self.stream, marker, self.members_key, *argv
+        fields = {"data": payload, "batch_id": batch.batch_id, "num_tokens": str(batch.num_tokens)}
+        result = await self.once.write(
+            self.stream, batch.batch_id, fields, members=turn_keys, member_set=self.members_key
         )
-        status = str(reply[0])
-        if status != "ok" and spilled is not None and not existed:
+        if not result.written and spilled is not None and not existed:
             # Ours alone: a "dup" whose file still exists shares it with the earlier entry.
             (self.data_dir / spilled).unlink(missing_ok=True)
-        if status == "ok":
-            return WriteResult("ok", batch, entry_id=str(reply[1]))
-        taken = str(reply[1]) if status == "taken" else None
-        return WriteResult(status, batch, taken_key=taken)
+        return WriteResult(result.status, batch, entry_id=result.entry_id, taken_key=result.taken)

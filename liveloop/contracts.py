@@ -16,6 +16,19 @@ SCHEMA_VERSION = 1
 TurnType = Literal["main", "side"]
 
 
+def turn_key(session_id: str, turn_index: int | str, sample_index: int) -> str:
+    """Idempotency key of one sample of one turn: `session:turn:sample`.
+
+    (A `str` index is a placeholder, for key templates the pairing scripts fill in.)
+    """
+    return f"{session_id}:{turn_index}:{sample_index}"
+
+
+def group_key(session_id: str, turn_index: int | str) -> str:
+    """Key shared by the samples answering one prompt: `session:turn`."""
+    return f"{session_id}:{turn_index}"
+
+
 class Contract(BaseModel):
     """Base of every stream payload; unknown fields are kept so newer writers don't break readers."""
 
@@ -62,12 +75,12 @@ class TurnRecord(Contract):
     @property
     def key(self) -> str:
         """Idempotency key: a turn (and sample) is identified by session, index and sample."""
-        return f"{self.session_id}:{self.turn_index}:{self.sample_index}"
+        return turn_key(self.session_id, self.turn_index, self.sample_index)
 
     @property
     def group_key(self) -> str:
         """Samples answering the same prompt share this key (for group-normalised advantages)."""
-        return f"{self.session_id}:{self.turn_index}"
+        return group_key(self.session_id, self.turn_index)
 
     @property
     def min_version(self) -> int:

@@ -9,8 +9,8 @@ So every version is measured on the turns it served, by the loops that see them:
   served token, giving the reference NLL per token (how unnatural replies became) and a
   k3 estimate of KL(served policy || reference).
 
-The counters live in one Redis hash per version (`liveloop:quality:v<N>`, plus
-`liveloop:quality:v<N>:bigrams`), so any process reads the same figures; the trainer
+The counters live in one Redis hash per version (plus a HyperLogLog of its bigrams; key
+names in `liveloop.bus.keys`), so any process reads the same figures; the trainer
 exports them as metrics and stores them in the registry, and `liveloop eval` prints them.
 A turn belongs to the oldest version that produced one of its tokens.
 """
@@ -25,20 +25,9 @@ from typing import Any
 import redis.asyncio as aredis
 from pydantic import BaseModel, Field
 
-from liveloop.bus import PREFIX
+from liveloop.bus import keys
 
-VERSIONS_KEY = PREFIX + "quality:versions"
 WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)*")
-
-
-def version_key(version: int) -> str:
-    """The hash of counters of one version."""
-    return f"{PREFIX}quality:v{version}"
-
-
-def bigrams_key(version: int) -> str:
-    """The HyperLogLog of distinct reply bigrams of one version."""
-    return version_key(version) + ":bigrams"
 
 
 def reply_bigrams(text: str) -> list[str]:
@@ -106,9 +95,9 @@ class QualityStore:
     @staticmethod
     def queue_turn(pipe: Any, version: int, score: float | None, reply: str) -> None:
         """Count one finished turn on a pipeline (`score` None: the judges could not score it)."""
-        key = version_key(version)
+        key = keys.quality_counters(version)
         bigrams = reply_bigrams(reply)
-        pipe.zadd(VERSIONS_KEY, {str(version): version})
+        pipe.zadd(keys.QUALITY_VERSIONS, {str(version): version})
         if score is None:
             pipe.hincrby(key, "unscored", 1)
         else:
@@ -117,7 +106,7 @@ class QualityStore:
         pipe.hincrby(key, "words", len(WORD.findall(reply or "")))
         if bigrams:
             pipe.hincrby(key, "bigrams", len(bigrams))
-            pipe.pfadd(bigrams_key(version), *bigrams)
+            pipe.pfadd(keys.quality_bigrams(version), *bigrams)
 
     async def add_drift(self, drift: dict[int, DriftSums]) -> None:
         """Add reference-model sums per version."""
@@ -125,8 +114,8 @@ class QualityStore:
             return
         async with self.client.pipeline(transaction=False) as pipe:
             for version, sums in drift.items():
-                key = version_key(version)
-                pipe.zadd(VERSIONS_KEY, {str(version): version})
+                key = keys.quality_counters(version)
+                pipe.zadd(keys.QUALITY_VERSIONS, {str(version): version})
                 pipe.hincrby(key, "ref_tokens", sums.tokens)
                 pipe.hincrbyfloat(key, "ref_nll_sum", sums.nll_sum)
                 pipe.hincrbyfloat(key, "kl_sum", sums.kl_sum)
@@ -134,7 +123,7 @@ class QualityStore:
 
     async def versions(self) -> list[int]:
         """Every version with counters, oldest first."""
-        members: Any = await self.client.zrange(VERSIONS_KEY, 0, -1)
+        members: Any = await self.client.zrange(keys.QUALITY_VERSIONS, 0, -1)
         return sorted(int(m) for m in members)
 
     async def read(self, versions: list[int] | None = None) -> list[VersionQuality]:
@@ -143,8 +132,8 @@ class QualityStore:
             versions = await self.versions()
         async with self.client.pipeline(transaction=False) as pipe:
             for version in versions:
-                pipe.hgetall(version_key(version))
-                pipe.pfcount(bigrams_key(version))
+                pipe.hgetall(keys.quality_counters(version))
+                pipe.pfcount(keys.quality_bigrams(version))
             replies = await pipe.execute()
         return [
             VersionQuality.from_counters(v, replies[2 * i] or {}, int(replies[2 * i + 1] or 0))

@@ -8,7 +8,6 @@ dead-lettered turns are counted next to judged and batched ones.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,6 +15,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import redis
+
+from liveloop import bus
+from liveloop.contracts import ScoredTurn
+from liveloop.weights import latest_announcement_sync
 
 if TYPE_CHECKING:
     from liveloop.supervisor import Supervisor
@@ -41,7 +44,7 @@ class StatsReader:
     """Reads a Snapshot from Redis; keeps the previous one to compute rates."""
 
     def __init__(self, redis_url: str, window: int = 50) -> None:
-        self.client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=2)
+        self.client = bus.redis_client_sync(redis_url, timeout_s=2)
         self.window = window
         self._last: Snapshot | None = None
 
@@ -57,28 +60,22 @@ class StatsReader:
         return snap
 
     def _read(self) -> Snapshot:
-        c = self.client
-        pipe = c.pipeline(transaction=False)
-        for name in ("turns", "scored", "batches"):
-            pipe.xlen(f"liveloop:{name}")
-        for name in ("turns", "scored", "batches", "feedback"):
-            pipe.xlen(f"liveloop:{name}:dlq")
-        pipe.xrevrange("liveloop:weights", count=16)
-        pipe.xrevrange("liveloop:scored", count=self.window)
+        pipe = self.client.pipeline(transaction=False)
+        for name in (bus.TURNS, bus.SCORED, bus.BATCHES):
+            pipe.xlen(bus.stream_key(name))
+        for name in bus.keys.DEAD_LETTERED:
+            pipe.xlen(bus.dlq_key(name))
+        pipe.xrevrange(bus.stream_key(bus.SCORED), count=self.window)
         res: list[Any] = pipe.execute()
         snap = Snapshot(at=time.time(), turns=res[0], scored=res[1], batches=res[2])
-        snap.dead_letters = sum(res[3:7])
-        for _id, fields in res[7]:  # the newest version servers may load (not a rejected one)
-            announced = json.loads(fields["data"])
-            if announced.get("status", "accepted") == "accepted":
-                snap.policy_version = int(announced["version"])
-                break
+        snap.dead_letters = sum(res[3:-1])
+        latest = latest_announcement_sync(self.client)  # never a version the gate refused
+        snap.policy_version = latest.version if latest is not None else 0
         scores, stale = [], []
-        for _id, fields in res[8]:
-            data = json.loads(fields["data"])
-            scores.append(float(data["score"]))
-            if data.get("versions"):
-                stale.append(snap.policy_version - min(data["versions"]))
+        for turn in bus.decode_entries(res[-1], ScoredTurn):
+            scores.append(turn.score)
+            if turn.versions:
+                stale.append(snap.policy_version - turn.min_version)
         if scores:
             snap.recent_scores = scores
             snap.reward_avg = sum(scores) / len(scores)

@@ -100,8 +100,10 @@ class EmbeddedValkey:
     def _wait_ready(self, timeout_s: float) -> bool:
         import redis
 
+        from liveloop.bus import redis_client_sync
+
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host=self.host, port=int(self.port or 0), socket_timeout=1)
+        client = redis_client_sync(self.url, timeout_s=1)
         try:
             while time.monotonic() < deadline:
                 if self.process is None or self.process.poll() is not None:

@@ -15,9 +15,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from liveloop.bus import Entry
+from liveloop.bus import Entry, StreamConsumer
 from liveloop.contracts import Feedback, TurnRecord
-from liveloop.prm.consumer import PrmConsumer
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.pairing import PairingStore, PendingTurn
 
@@ -29,7 +28,7 @@ RecordT = TypeVar("RecordT", bound=BaseModel)
 class _Intake:
     """What both intakes share: the consumer, the pairing store, and parsing a batch."""
 
-    def __init__(self, consumer: PrmConsumer, store: PairingStore, metrics: PrmMetrics) -> None:
+    def __init__(self, consumer: StreamConsumer, store: PairingStore, metrics: PrmMetrics) -> None:
         self.consumer = consumer
         self.store = store
         self.metrics = metrics

@@ -25,7 +25,7 @@ from liveloop.prm.service import JudgeService
 
 log = logging.getLogger(__name__)
 
-PROTECTED_STREAMS = (bus.TURNS, bus.SCORED, bus.FEEDBACK, bus.BATCHES, bus.WEIGHTS)
+PROTECTED_STREAMS = bus.STREAMS
 
 
 @dataclass

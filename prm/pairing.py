@@ -1,8 +1,9 @@
 """Durable next-state pairing in Redis, shared by every judge process.
 
-A main turn t of session s waits in Redis (`w:<turn key>`, in the group set `g:<s>:<t>` and
-in the `deadlines` sorted set) until one of three things happens, each detected by one
-atomic Lua script so that several judge processes never pair a turn twice:
+A main turn t of session s waits in Redis (its record, in the group set of (s, t) and in the
+`deadlines` sorted set; every key name comes from `liveloop.bus.keys`) until one of three
+things happens, each detected by one atomic Lua script so that several judge processes
+never pair a turn twice:
 
 - turn t+1 of s arrives: its request messages become t's next state;
 - explicit feedback on (s, t) arrives;
@@ -11,20 +12,26 @@ atomic Lua script so that several judge processes never pair a turn twice:
 Whoever removes a turn from `deadlines` owns it and appends a job to the internal stream
 `liveloop:prm:ready`, which the scorer consumes in the consumer group `prm` (so a job, too,
 is retried, reclaimed and dead-lettered). Turn t+1 arriving before t (two processes racing)
-leaves an arrival note `a:<s>:<t+1>`; feedback arriving before its turn is kept in
-`fb:<s>:<t>`. Committing a score atomically writes the scored entry once (the same dedupe
-marker as `liveloop.bus.publish`) and deletes the pairing state.
+leaves an arrival note for t+1; feedback arriving before its turn is kept until it comes.
+Committing a score is one exactly-once write (`liveloop.bus.ExactlyOnce`): the scored entry
+once per turn key, and the turn's pairing state deleted in the same step.
 
 Side turns (a title, a summary: calls that are not part of the conversation) take turn
-indices too, but they are nobody's next state. Each leaves a marker `side:<s>:<j>`, and a
-main turn looking for its predecessor steps back over marked indices, so main turn t's next
-state is the next *main* turn, whatever side turns came between. A side turn arriving after
-the main turn that follows it forwards that turn's arrival note past itself.
+indices too, but they are nobody's next state. Each leaves a side marker, and a main turn
+looking for its predecessor steps back over marked indices, so main turn t's next state is
+the next *main* turn, whatever side turns came between. A side turn arriving after the main
+turn that follows it forwards that turn's arrival note past itself.
+
+The scripts touch several sessions' keys at once, so they target a single Redis/Valkey, not
+a cluster. Walking back over side turns needs the keys of other turn indices of the
+session: Python passes their layouts as templates (`index_template`) that the scripts
+fill with an index, so no key name is spelled out in Lua.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,28 +39,25 @@ import redis.asyncio as aredis
 from redis.asyncio.client import Pipeline
 
 from liveloop import bus
-from liveloop.contracts import Feedback, TurnRecord
+from liveloop.bus import keys
+from liveloop.contracts import Feedback, TurnRecord, group_key, turn_key
 from liveloop.prm.judges.base import TurnHead
 
-PREFIX = "liveloop:prm:"
-READY = PREFIX + "ready"
+_SLOT = "\x00"  # where a template takes the turn index
 
-# Key names are built inside the scripts from the session, index and sample (fewer
-# arguments per call is most of the client's cost per turn); the scripts touch several
-# sessions' keys at once anyway, so they target a single Redis/Valkey, not a cluster.
-# KEYS: 1 deadlines, 2 ready
-# ARGV: 1 state prefix, 2 seen-marker prefix, 3 session, 4 index, 5 sample, 6 turn json,
-#       7 messages json, 8 timeout s, 9 ttl s, 10 arrival ttl s
-# The shared head of both scripts: `pair_back(k, nxt)` gives the messages `nxt` of a main
-# turn at index k (or forwarded to k by a side turn) to the nearest main turn before k:
-# paired at once when it waits, else left as an arrival note for it. Returns turns paired.
+# The shared head of the turn scripts. ARGV 1-4 are templates of this session's keys by
+# turn index (filled with string.format): 1 side marker, 2 waiting group, 3 seen marker of
+# sample 0, 4 arrival note. `pair_back(k, nxt)` gives the messages `nxt` of a main turn at
+# index k (or forwarded to k by a side turn) to the nearest main turn before k: paired at
+# once when it waits, else left as an arrival note for it. Returns turns paired.
 _PAIR_BACK = """
-local P, SEEN, s = ARGV[1], ARGV[2], ARGV[3]
+local SIDE, GROUP, SEEN0, ARRIVAL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local function at(template, m) return string.format(template, m) end
 local function pair_back(k, nxt, note_ttl)
   local m = k - 1
-  while m >= 0 and redis.call('EXISTS', P .. 'side:' .. s .. ':' .. m) == 1 do m = m - 1 end
+  while m >= 0 and redis.call('EXISTS', at(SIDE, m)) == 1 do m = m - 1 end
   if m < 0 then return 0 end
-  local prev = P .. 'g:' .. s .. ':' .. m
+  local prev = at(GROUP, m)
   local members = redis.call('SMEMBERS', prev)
   local claimed = {}
   for _, member in ipairs(members) do
@@ -64,31 +68,33 @@ local function pair_back(k, nxt, note_ttl)
     redis.call('DEL', prev)
     return #claimed
   end
-  if #members == 0 and redis.call('EXISTS', SEEN .. s .. ':' .. m .. ':0') == 0 then
-    redis.call('SET', P .. 'a:' .. s .. ':' .. (m + 1), nxt, 'EX', note_ttl)
+  if #members == 0 and redis.call('EXISTS', at(SEEN0, m)) == 0 then
+    redis.call('SET', at(ARRIVAL, m + 1), nxt, 'EX', note_ttl)
   end
   return 0
 end
 """
 
+# KEYS: 1 deadlines, 2 ready, 3 waiting record, 4 seen marker of this turn,
+#       5 early feedback on this turn
+# ARGV: 1-4 templates (above), 5 index, 6 turn key, 7 turn json, 8 messages json,
+#       9 timeout s, 10 ttl s, 11 arrival ttl s
 _ADD_TURN = (
     _PAIR_BACK
     + """
-local idx = ARGV[4]
-local k = tonumber(idx)
-local key = s .. ':' .. idx .. ':' .. ARGV[5]
-local waiting = P .. 'w:' .. key
-if redis.call('EXISTS', waiting) == 1 or redis.call('EXISTS', SEEN .. key) == 1 then
+local k = tonumber(ARGV[5])
+local key = ARGV[6]
+if redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[4]) == 1 then
   return {'duplicate', 0}
 end
-local ttl = tonumber(ARGV[9])
-local paired = pair_back(k, ARGV[7], tonumber(ARGV[10]))
-local group = P .. 'g:' .. s .. ':' .. idx
-redis.call('SET', waiting, ARGV[6], 'EX', ttl)
+local ttl = tonumber(ARGV[10])
+local paired = pair_back(k, ARGV[8], tonumber(ARGV[11]))
+local group = at(GROUP, k)
+redis.call('SET', KEYS[3], ARGV[7], 'EX', ttl)
 redis.call('SADD', group, key)
 redis.call('EXPIRE', group, ttl)
-local fb = redis.call('GET', P .. 'fb:' .. s .. ':' .. idx)
-local nxt = redis.call('GET', P .. 'a:' .. s .. ':' .. (k + 1))
+local fb = redis.call('GET', KEYS[5])
+local nxt = redis.call('GET', at(ARRIVAL, k + 1))
 if fb or nxt then
   local job = {'keys', cjson.encode({key})}
   if nxt then table.insert(job, 'next'); table.insert(job, nxt) end
@@ -97,24 +103,24 @@ if fb or nxt then
   return {'ready', paired}
 end
 local t = redis.call('TIME')
-local deadline = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[8])
+local deadline = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[9])
 redis.call('ZADD', KEYS[1], string.format('%.6f', deadline), key)
 return {'waiting', paired}
 """
 )
 
 # KEYS: 1 deadlines, 2 ready
-# ARGV: 1 state prefix, 2 seen-marker prefix, 3 session, 4 index, 5 ttl s, 6 arrival ttl s
+# ARGV: 1-4 templates (above), 5 index, 6 ttl s, 7 arrival ttl s
 _ADD_SIDE = (
     _PAIR_BACK
     + """
-local k = tonumber(ARGV[4])
-redis.call('SET', P .. 'side:' .. s .. ':' .. k, '1', 'EX', tonumber(ARGV[5]))
-local note = P .. 'a:' .. s .. ':' .. (k + 1)
+local k = tonumber(ARGV[5])
+redis.call('SET', at(SIDE, k), '1', 'EX', tonumber(ARGV[6]))
+local note = at(ARRIVAL, k + 1)
 local nxt = redis.call('GET', note)
 if not nxt then return 0 end
 redis.call('DEL', note)
-return pair_back(k, nxt, tonumber(ARGV[6]))
+return pair_back(k, nxt, tonumber(ARGV[7]))
 """
 )
 
@@ -149,27 +155,10 @@ end
 return #due
 """
 
-# KEYS: 1 scored stream
-# ARGV: 1 state prefix, 2 seen-marker prefix, 3 session, 4 index, 5 sample, 6 dedupe ttl s,
-#       7 data, 8.. more index fields (name, value, ...)
-_COMMIT = """
-local P, s, idx = ARGV[1], ARGV[3], ARGV[4]
-local key = s .. ':' .. idx .. ':' .. ARGV[5]
-local added = 0
-if redis.call('SET', ARGV[2] .. key, '1', 'NX', 'EX', tonumber(ARGV[6])) then
-  redis.call('XADD', KEYS[1], '*', 'data', ARGV[7], 'session_id', s, 'turn_index', idx,
-             unpack(ARGV, 8))
-  added = 1
-end
-redis.call('DEL', P .. 'w:' .. key)
-redis.call('SREM', P .. 'g:' .. s .. ':' .. idx, key)
-return added
-"""
 
-
-def seen_marker(stream: str, dedupe_key: str) -> str:
-    """The exactly-once marker `liveloop.bus.publish` uses for (stream, dedupe key)."""
-    return bus.dedupe_marker(stream, dedupe_key)
+def index_template(key_of: Callable[[int | str], str]) -> str:
+    """A key layout with the turn index left open: Lua's `string.format(template, index)`."""
+    return key_of(_SLOT).replace("%", "%%").replace(_SLOT, "%d")
 
 
 @dataclass
@@ -179,7 +168,6 @@ class PendingTurn:
     key: str
     session_id: str
     turn_index: int
-    sample_index: int
     raw: str
     messages_json: str
 
@@ -187,7 +175,7 @@ class PendingTurn:
     def from_record(cls, turn: TurnRecord, raw: str) -> PendingTurn:
         """From a parsed record and the JSON it was parsed from."""
         messages = json.dumps(turn.messages)
-        return cls(turn.key, turn.session_id, turn.turn_index, turn.sample_index, raw, messages)
+        return cls(turn.key, turn.session_id, turn.turn_index, raw, messages)
 
 
 class PairingStore:
@@ -207,25 +195,26 @@ class PairingStore:
         self.ttl_s = ttl_s
         self.arrival_ttl_s = arrival_ttl_s
         self.scored_stream = bus.stream_key(scored_stream)
-        self.deadlines = PREFIX + "deadlines"
+        self.deadlines = keys.PRM_DEADLINES
+        self.once = bus.ExactlyOnce(client)
         self._add_turn = client.register_script(_ADD_TURN)
         self._add_side = client.register_script(_ADD_SIDE)
         self._add_feedback = client.register_script(_ADD_FEEDBACK)
         self._sweep = client.register_script(_SWEEP)
-        self._commit = client.register_script(_COMMIT)
 
-    # Key layout ---------------------------------------------------------------------
-    @staticmethod
-    def waiting_key(turn_key: str) -> str:
-        """Where a waiting turn's raw record is kept."""
-        return f"{PREFIX}w:{turn_key}"
+    def seen(self, turn: str) -> str:
+        """The exactly-once marker of a turn's scored entry."""
+        return bus.dedupe_marker(self.scored_stream, turn)
 
-    @staticmethod
-    def group_key(session_id: str, turn_index: int) -> str:
-        """The set of waiting samples of one (session, turn)."""
-        return f"{PREFIX}g:{session_id}:{turn_index}"
+    def templates(self, session_id: str) -> list[str]:
+        """The session's key templates the turn scripts take as ARGV 1-4."""
+        return [
+            index_template(lambda i: keys.side_marker(group_key(session_id, i))),
+            index_template(lambda i: keys.waiting_group(group_key(session_id, i))),
+            index_template(lambda i: self.seen(turn_key(session_id, i, 0))),
+            index_template(lambda i: keys.arrival_key(group_key(session_id, i))),
+        ]
 
-    # Operations ---------------------------------------------------------------------
     async def add_turns(self, turns: list[PendingTurn]) -> list[Any]:
         """Store and pair main turns; per turn (state, predecessors paired) or an exception.
 
@@ -234,27 +223,27 @@ class PairingStore:
         """
         if not turns:
             return []
-        seen = seen_marker(self.scored_stream, "")
-        keys = [self.deadlines, READY]
         async with self.client.pipeline(transaction=False) as pipe:
             for t in turns:
-                args: list[str | int | float] = [PREFIX, seen, t.session_id, t.turn_index]
-                args += [t.sample_index, t.raw]
-                args += [t.messages_json, self.timeout_s, self.ttl_s, self.arrival_ttl_s]
-                await self._add_turn(keys=keys, args=args, client=pipe)
+                script_keys = [self.deadlines, keys.PRM_READY, keys.waiting_key(t.key)]
+                group = group_key(t.session_id, t.turn_index)
+                script_keys += [self.seen(t.key), keys.early_feedback_key(group)]
+                args: list[str | int | float] = [*self.templates(t.session_id), t.turn_index]
+                args += [t.key, t.raw, t.messages_json, self.timeout_s]
+                args += [self.ttl_s, self.arrival_ttl_s]
+                await self._add_turn(keys=script_keys, args=args, client=pipe)
             return list(await pipe.execute(raise_on_error=False))
 
     async def add_side_turns(self, turns: list[tuple[str, int]]) -> list[Any]:
         """Mark (session, index) as side turns; per turn, predecessors paired or an exception."""
         if not turns:
             return []
-        seen = seen_marker(self.scored_stream, "")
-        keys = [self.deadlines, READY]
+        script_keys = [self.deadlines, keys.PRM_READY]
         async with self.client.pipeline(transaction=False) as pipe:
             for session_id, turn_index in turns:
-                args: list[str | int] = [PREFIX, seen, session_id, turn_index, self.ttl_s]
-                args.append(self.arrival_ttl_s)
-                await self._add_side(keys=keys, args=args, client=pipe)
+                args: list[str | int] = [*self.templates(session_id), turn_index]
+                args += [self.ttl_s, self.arrival_ttl_s]
+                await self._add_side(keys=script_keys, args=args, client=pipe)
             return list(await pipe.execute(raise_on_error=False))
 
     async def add_feedback(self, items: list[tuple[Feedback, str]]) -> list[Any]:
@@ -263,47 +252,49 @@ class PairingStore:
             return []
         async with self.client.pipeline(transaction=False) as pipe:
             for fb, raw in items:
-                s, k = fb.session_id, fb.turn_index
-                keys = [
-                    self.group_key(s, k),
-                    f"{PREFIX}fb:{s}:{k}",
+                group = group_key(fb.session_id, fb.turn_index)
+                script_keys = [
+                    keys.waiting_group(group),
+                    keys.early_feedback_key(group),
                     self.deadlines,
-                    READY,
-                    seen_marker(self.scored_stream, f"{s}:{k}:0"),
+                    keys.PRM_READY,
+                    self.seen(turn_key(fb.session_id, fb.turn_index, 0)),
                 ]
-                await self._add_feedback(keys=keys, args=[raw, self.ttl_s], client=pipe)
+                await self._add_feedback(keys=script_keys, args=[raw, self.ttl_s], client=pipe)
             return list(await pipe.execute(raise_on_error=False))
 
     async def sweep(self, limit: int = 1000) -> int:
         """Move up to `limit` turns past their deadline to the ready stream."""
-        return int(await self._sweep(keys=[self.deadlines, READY], args=[limit]))
+        return int(await self._sweep(keys=[self.deadlines, keys.PRM_READY], args=[limit]))
 
     async def load(self, turn_keys: list[str]) -> list[str | None]:
         """Raw records of waiting turns (None where the state is gone)."""
         if not turn_keys:
             return []
-        raws: list[Any] = await self.client.mget([self.waiting_key(k) for k in turn_keys])
+        raws: list[Any] = await self.client.mget([keys.waiting_key(k) for k in turn_keys])
         return [str(r) if r is not None else None for r in raws]
+
+    def _state(self, turn: TurnRecord | TurnHead) -> list[bus.Cleanup]:
+        group = keys.waiting_group(group_key(turn.session_id, turn.turn_index))
+        return [bus.Cleanup(keys.waiting_key(turn.key)), bus.Cleanup(group, turn.key)]
 
     async def queue_commit(
         self, pipe: Pipeline, turn: TurnRecord | TurnHead, fields: dict[str, str]
     ) -> None:
         """Queue: write the scored entry once and forget the turn's pairing state.
 
-        `fields` are the entry's fields: `data`, `session_id`, `turn_index` and any others.
+        `fields` are the entry's fields (`data` and index fields); the reply parses with
+        `bus.OnceResult.parse`.
         """
-        args: list[str | int] = [PREFIX, seen_marker(self.scored_stream, "")]
-        args += [turn.session_id, turn.turn_index, turn.sample_index, bus.DEDUPE_TTL_S]
-        args.append(fields["data"])
-        for name, value in fields.items():
-            if name not in ("data", "session_id", "turn_index"):
-                args += [name, value]
-        await self._commit(keys=[self.scored_stream], args=args, client=pipe)
+        await self.once.queue(pipe, self.scored_stream, turn.key, fields, cleanup=self._state(turn))
 
-    def queue_drop(self, pipe: Pipeline, turn_key: str, session_id: str, turn_index: int) -> None:
+    def queue_drop(self, pipe: Pipeline, turn: TurnRecord | TurnHead) -> None:
         """Queue: forget a turn's pairing state without writing a score."""
-        pipe.delete(self.waiting_key(turn_key))
-        pipe.srem(self.group_key(session_id, turn_index), turn_key)
+        for item in self._state(turn):
+            if item.member:
+                pipe.srem(item.key, item.member)
+            else:
+                pipe.delete(item.key)
 
     async def waiting_count(self) -> int:
         """How many turns wait for their next state."""

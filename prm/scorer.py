@@ -17,9 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from liveloop.bus import Entry
+from liveloop.bus import Entry, OnceResult, StreamConsumer
 from liveloop.contracts import Feedback, ScoredTurn, TurnRecord
-from liveloop.prm.consumer import PrmConsumer
 from liveloop.prm.judges.base import JudgeError, JudgeRequest, NextState, TurnHead, message_text
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.nextstate import new_messages
@@ -131,7 +130,7 @@ class Scorer:
 
     def __init__(
         self,
-        consumer: PrmConsumer,
+        consumer: StreamConsumer,
         store: PairingStore,
         panel: JudgePanel,
         metrics: PrmMetrics,
@@ -201,7 +200,7 @@ class Scorer:
             for _job, outcome in done:
                 for request, head, raw, verdict in outcome:
                     if verdict is None:
-                        self.store.queue_drop(pipe, head.key, head.session_id, head.turn_index)
+                        self.store.queue_drop(pipe, head)
                         finished.append((head, None))
                         continue
                     commits.append((len(pipe.command_stack), request.signal, head, verdict.score))
@@ -211,7 +210,7 @@ class Scorer:
             results = await pipe.execute()
         self.metrics.turns.labels("unscored").inc(len(finished))
         for position, signal, head, score in commits:
-            if results[position] == 1:
+            if OnceResult.parse(results[position]).written:
                 self.metrics.turns.labels("scored").inc()
                 self.metrics.scored.labels(signal).inc()
                 finished.append((head, score))
@@ -241,15 +240,13 @@ class Scorer:
         if await self.consumer.fail(job.entry, message, dead_letters=dead):
             self.metrics.dead_letters.labels(self.consumer.dead_letter_stream).inc(len(dead))
             self.metrics.turns.labels("dead_letter").inc(len(dead))
-            await self._forget(job.keys, raws)
+            await self._forget(raws)
             heads = [TurnHead.model_validate_json(raw) for raw in raws if raw is not None]
             await self._count_quality([(head, None) for head in heads])
 
-    async def _forget(self, keys: list[str], raws: list[str | None]) -> None:
+    async def _forget(self, raws: list[str | None]) -> None:
         async with self.store.client.pipeline(transaction=False) as pipe:
-            for key, raw in zip(keys, raws, strict=True):
-                if raw is None:
-                    continue
-                head = TurnHead.model_validate_json(raw)
-                self.store.queue_drop(pipe, key, head.session_id, head.turn_index)
+            for raw in raws:
+                if raw is not None:
+                    self.store.queue_drop(pipe, TurnHead.model_validate_json(raw))
             await pipe.execute()

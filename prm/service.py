@@ -17,18 +17,16 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aredis
 
 from liveloop import bus
-from liveloop.bus import Entry
+from liveloop.bus import Entry, StreamConsumer, keys
 from liveloop.config.prm import JudgeConfig
-from liveloop.prm.consumer import PrmConsumer
 from liveloop.prm.intake import FeedbackIntake, TurnIntake
 from liveloop.prm.metrics import PrmMetrics
-from liveloop.prm.pairing import READY, PairingStore
+from liveloop.prm.pairing import PairingStore
 from liveloop.prm.panel import JudgePanel
 from liveloop.prm.scorer import Scorer
 
 log = logging.getLogger(__name__)
 
-GROUP = "prm"
 BLOCK_MS = 250
 
 
@@ -56,7 +54,9 @@ class JudgeService:
         )
         self.turns = self._consumer(bus.TURNS, name)
         self.feedback = self._consumer(bus.FEEDBACK, name)
-        self.ready = self._consumer(READY, name, dlq=bus.dlq_key(bus.TURNS), delete_acked=True)
+        self.ready = self._consumer(
+            keys.PRM_READY, name, dlq=bus.dlq_key(bus.TURNS), delete_acked=True
+        )
         if not panel.inline:
             self.ready.count = config.slow_read_count
         self.turn_intake = TurnIntake(self.turns, self.store, metrics)
@@ -67,11 +67,11 @@ class JudgeService:
 
     def _consumer(
         self, stream: str, name: str, dlq: str | None = None, delete_acked: bool = False
-    ) -> PrmConsumer:
-        return PrmConsumer(
+    ) -> StreamConsumer:
+        return StreamConsumer(
             self.client,
             stream,
-            GROUP,
+            keys.PRM_GROUP,
             name,
             claim_idle_ms=self.config.claim_idle_ms,
             max_attempts=self.config.max_attempts,

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
-import redis.asyncio as aredis
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from liveloop.bus import BusUnavailable
+from liveloop import bus
 from liveloop.config import ConfigError, LiveLoopSettings
 from liveloop.models import ALIASES, LoadedModel, load_model, load_tokenizer
 from liveloop.server.api import admin, feedback, health, models
@@ -51,21 +49,6 @@ def served_model_name(spec: str) -> str:
     if path.exists():
         return path.resolve().name
     return spec
-
-
-async def connect_redis(url: str) -> aredis.Redis:
-    """An async client with short timeouts (sessions must never hang a request)."""
-    try:
-        client = aredis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-            socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
-        )
-        await client.ping()  # type: ignore[misc]
-    except (redis.RedisError, OSError, ValueError) as exc:
-        raise BusUnavailable(f"cannot reach Redis at {url.split('@')[-1]}: {exc}") from None
-    return client
 
 
 @dataclass
@@ -102,7 +85,8 @@ class ServerState:
         if self.auth.open:
             log.warning("no API keys configured (LIVELOOP_API_KEYS): the server is open to anyone")
         self.capture = cfg.trace_capture
-        self.redis = await connect_redis(self.settings.redis_url)
+        # Short timeouts: sessions and feedback must never hang a request.
+        self.redis = await bus.connect(self.settings.redis_url, timeout_s=REDIS_SOCKET_TIMEOUT_S)
         self._closers.append(self.redis.aclose)
         self.model_name = served_model_name(self.settings.model)
         tokenizer = await self._start_engine()

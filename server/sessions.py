@@ -29,30 +29,31 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
+from liveloop.bus.keys import prefix_index_key, session_key
+
 log = logging.getLogger(__name__)
 
-SESSION_PREFIX = "liveloop:session:"
-PREFIX_INDEX = "liveloop:prefix:"
 REDIS_TIMEOUT_S = 0.5
 BACKOFF_S = 2.0
 LOCAL_CACHE = 10_000
 
-# ARGV: session id, tenant, ttl, now, lowest acceptable index (turns this process already
-# handed out while Redis was unreachable must not be reused: records are deduplicated by
-# session:turn:sample). Returns the turn index, or -1 for another tenant's session.
+# KEYS: the session hash. ARGV: tenant, ttl, now, lowest acceptable index (turns this
+# process already handed out while Redis was unreachable must not be reused: records are
+# deduplicated by session:turn:sample). Returns the turn index, or -1 for another tenant's
+# session.
 _ALLOCATE = """
-local skey = 'liveloop:session:' .. ARGV[1]
+local skey = KEYS[1]
 local owner = redis.call('HGET', skey, 'tenant')
-if owner and owner ~= ARGV[2] then return -1 end
-if not owner then redis.call('HSET', skey, 'tenant', ARGV[2], 'created_at', ARGV[4]) end
+if owner and owner ~= ARGV[1] then return -1 end
+if not owner then redis.call('HSET', skey, 'tenant', ARGV[1], 'created_at', ARGV[3]) end
 local idx = redis.call('HINCRBY', skey, 'turns', 1) - 1
-local floor = tonumber(ARGV[5])
+local floor = tonumber(ARGV[4])
 if idx < floor then
   redis.call('HSET', skey, 'turns', floor + 1)
   idx = floor
 end
-redis.call('HSET', skey, 'updated_at', ARGV[4])
-redis.call('EXPIRE', skey, tonumber(ARGV[3]))
+redis.call('HSET', skey, 'updated_at', ARGV[3])
+redis.call('EXPIRE', skey, tonumber(ARGV[2]))
 return idx
 """
 
@@ -140,10 +141,6 @@ class SessionStore:
         self._down_until = 0.0
         self._local_turns: OrderedDict[str, int] = OrderedDict()
 
-    @staticmethod
-    def _prefix_key(tenant: str, digest: str) -> str:
-        return f"{PREFIX_INDEX}{tenant}:{digest}"
-
     def _available(self) -> bool:
         return time.monotonic() >= self._down_until
 
@@ -174,7 +171,7 @@ class SessionStore:
             return None  # only a conversation with an earlier reply can continue a turn
         digests = chain_hashes(messages)
         keys = [
-            self._prefix_key(tenant, digests[i])
+            prefix_index_key(tenant, digests[i])
             for i in range(len(messages) - 1, -1, -1)
             if messages[i].get("role") == "assistant"
         ]
@@ -195,9 +192,10 @@ class SessionStore:
         if not self._available():
             return self._local_turn(sid)
         floor = self._local_turns.get(sid, -1) + 1
-        args: list[str | int] = [sid, tenant, self.ttl_s, f"{time.time():.3f}", floor]
+        args: list[str | int] = [tenant, self.ttl_s, f"{time.time():.3f}", floor]
+        call = self._script(keys=[session_key(sid)], args=args)
         try:
-            index = int(await asyncio.wait_for(self._script(keys=[], args=args), REDIS_TIMEOUT_S))
+            index = int(await asyncio.wait_for(call, REDIS_TIMEOUT_S))
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self._failed("allocate", exc)
             return self._local_turn(sid)
@@ -230,7 +228,7 @@ class SessionStore:
                         },
                         separators=(",", ":"),
                     )
-                    key = self._prefix_key(tenant, digest)
+                    key = prefix_index_key(tenant, digest)
                     pipe.set(key, f"{session_id}\n{value}", ex=self.ttl_s)
                 await asyncio.wait_for(pipe.execute(), REDIS_TIMEOUT_S)
         except (redis.RedisError, OSError, TimeoutError) as exc:
@@ -238,7 +236,7 @@ class SessionStore:
 
     async def owner(self, session_id: str) -> tuple[str | None, int]:
         """(tenant owning the session or None if unknown, number of turns); raises on Redis errors."""
-        tenant, turns = await self.client.hmget(SESSION_PREFIX + session_id, ["tenant", "turns"])  # type: ignore[misc]
+        tenant, turns = await self.client.hmget(session_key(session_id), ["tenant", "turns"])
         return (str(tenant) if tenant is not None else None), int(turns or 0)
 
 

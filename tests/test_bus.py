@@ -56,3 +56,86 @@ async def test_consumer_resumes_reclaims_and_dead_letters(aredis_client: aredis.
 async def test_connect_unreachable_is_one_line() -> None:
     with pytest.raises(bus.BusUnavailable, match=r"cannot reach Redis at redis://127\.0\.0\.1:1/0"):
         await bus.connect("redis://127.0.0.1:1/0")
+
+
+async def test_exactly_once_write_refuses_duplicates_and_taken_members(
+    aredis_client: aredis.Redis,
+) -> None:
+    once = bus.ExactlyOnce(aredis_client)
+    members = "liveloop:test:members"
+    first = await once.write("out", "b1", {"data": "1"}, members=["t1", "t2"], member_set=members)
+    assert first.written and first.entry_id is not None
+    again = await once.write("out", "b1", {"data": "1"}, members=["t1", "t2"], member_set=members)
+    assert (again.status, again.entry_id) == ("dup", None)
+    taken = await once.write("out", "b2", {"data": "2"}, members=["t3", "t2"], member_set=members)
+    assert (taken.status, taken.taken) == ("taken", "t2")
+    assert await aredis_client.xlen("liveloop:out") == 1
+    assert not await aredis_client.exists(bus.dedupe_marker("out", "b2"))  # refused: no marker
+    assert set(await aredis_client.zrange(members, 0, -1)) == {"t1", "t2"}
+
+
+async def test_exactly_once_cleanup_runs_whether_or_not_the_entry_is_new(
+    aredis_client: aredis.Redis,
+) -> None:
+    once = bus.ExactlyOnce(aredis_client)
+    for attempt in range(2):
+        await aredis_client.set("liveloop:test:state", "x")
+        await aredis_client.sadd("liveloop:test:set", "k", "other")
+        cleanup = [bus.Cleanup("liveloop:test:state"), bus.Cleanup("liveloop:test:set", "k")]
+        async with aredis_client.pipeline(transaction=False) as pipe:
+            await once.queue(pipe, "out", "k", {"data": "d", "n": str(attempt)}, cleanup=cleanup)
+            (reply,) = await pipe.execute()
+        assert bus.OnceResult.parse(reply).written is (attempt == 0)
+        assert not await aredis_client.exists("liveloop:test:state")
+        assert await aredis_client.smembers("liveloop:test:set") == {"other"}
+    entries = await aredis_client.xrange("liveloop:out")
+    assert [f for _id, f in entries] == [{"data": "d", "n": "0"}]
+
+
+async def test_consumer_skips_in_flight_entries_and_waits_for_the_retry_time(
+    aredis_client: aredis.Redis,
+) -> None:
+    for i in range(2):
+        await bus.publish(aredis_client, "feedback", fb(i))
+    c = bus.StreamConsumer(aredis_client, "feedback", "g", "a", claim_idle_ms=0, backoff_max_s=60.0)
+    await c.ensure_group()
+    first, second = await c.read(block_ms=100)
+    c.in_flight.add(first.id)
+    assert await c.fail(second, "boom") is False  # retry in claim_idle_ms (0 s) doubled, capped
+    assert c.retry_delay_s(1) == 0.0
+    await aredis_client.hset(bus.keys.retry_key("feedback", "g"), second.id, "9e18")
+    assert await c.read(block_ms=10) == []  # one in flight here, one not due yet
+    c.in_flight.clear()
+    assert [e.id for e in await c.read(block_ms=10)] == [first.id]
+
+
+async def test_dead_letter_writes_given_letters_and_acks_on_a_pipeline(
+    aredis_client: aredis.Redis,
+) -> None:
+    await bus.publish(aredis_client, "turns", fb(1))
+    c = bus.StreamConsumer(
+        aredis_client, "turns", "g", "a", dead_letter_stream="elsewhere", delete_acked=True
+    )
+    await c.ensure_group()
+    (entry,) = await c.read(block_ms=100)
+    await c.dead_letter(entry, "bad", [{"data": "x", "turn_key": "s:0:0"}], attempts=3)
+    (dead,) = [f for _id, f in await aredis_client.xrange("liveloop:elsewhere")]
+    assert dead == {
+        "data": "x",
+        "turn_key": "s:0:0",
+        "error": "bad",
+        "source_id": entry.id,
+        "source_stream": "liveloop:turns",
+        "attempts": "3",
+    }
+    assert await aredis_client.xlen("liveloop:turns") == 0  # delete_acked
+    assert await c.lag() == (0, 0)
+
+
+async def test_decode_entries_skips_malformed_entries(aredis_client: aredis.Redis) -> None:
+    await bus.publish(aredis_client, "feedback", fb(1))
+    await aredis_client.xadd("liveloop:feedback", {"data": "{broken"})
+    await aredis_client.xadd("liveloop:feedback", {"other": "x"})
+    await bus.publish(aredis_client, "feedback", fb(2))
+    entries = await aredis_client.xrange("liveloop:feedback")
+    assert [f.session_id for f in bus.decode_entries(entries, Feedback)] == ["s1", "s2"]

@@ -217,7 +217,7 @@ async def test_redelivered_turns_are_batched_once(
     )
     first.consumer.consumer = "a"
     await first.step(block_ms=20)
-    assert await batches(aredis_client) == [] and len(first._held_entries) == 3
+    assert await batches(aredis_client) == [] and len(first.held) == 3
     # Restarted as "a": its pending entries come back and are batched.
     again = await make_collector(aredis_client, redis_url, data_dir)
     again.consumer.consumer = "a"

@@ -15,7 +15,7 @@ from liveloop.models import LoadedModel, ModelLoadError, load_model
 from liveloop.server.engine import EngineError, SamplingParams, TokenOutput, TorchEngine
 from liveloop.server.engine.process import EngineOptions, EngineProcess
 from liveloop.server.tools import build_constraint
-from liveloop.server.traces import CheckpointError
+from liveloop.weights import CheckpointError
 
 PROMPT = [1, *range(300, 330)]
 

@@ -12,12 +12,11 @@ import redis.asyncio as aredis
 from prometheus_client import CollectorRegistry
 
 from liveloop import bus
+from liveloop.bus import StreamConsumer, keys
 from liveloop.config import LiveLoopSettings, load_settings
-from liveloop.contracts import Feedback, ScoredTurn
-from liveloop.prm.consumer import PrmConsumer
+from liveloop.contracts import Feedback, ScoredTurn, group_key
 from liveloop.prm.judges import Judge, JudgeRequest, JudgeResult, load_judges, message_text
 from liveloop.prm.metrics import PrmMetrics
-from liveloop.prm.pairing import PairingStore
 from liveloop.prm.panel import JudgePanel
 from liveloop.prm.service import JudgeService
 from liveloop.prm.synthetic import conversation, make_turn, tool, user, write_turns
@@ -93,7 +92,7 @@ async def test_pairs_next_turn_feedback_timeout_and_skips_side_turns(
         await write_turns(aredis_client, [*a, side, *b])
         # The turn and feedback streams are read by separate loops: let b's turn be taken
         # in first, so that its feedback pairs at once instead of being stored.
-        b_waiting = PairingStore.group_key("b", 0)
+        b_waiting = keys.waiting_group(group_key("b", 0))
         await wait_for(lambda: key_exists(aredis_client, b_waiting))
         await bus.publish(
             aredis_client,
@@ -224,7 +223,7 @@ async def test_malformed_records_dead_letter_at_once(
 
 
 def test_retry_delay_doubles_up_to_the_cap(aredis_client: aredis.Redis) -> None:
-    consumer = PrmConsumer(aredis_client, "turns", "g", claim_idle_ms=500, backoff_max_s=3.0)
+    consumer = StreamConsumer(aredis_client, "turns", "g", claim_idle_ms=500, backoff_max_s=3.0)
     assert [consumer.retry_delay_s(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
 
 
@@ -239,14 +238,17 @@ class SlowJudge:
     async def score(self, request: JudgeRequest) -> JudgeResult | None:
         text = message_text(request.response)
         self.calls[text] = self.calls.get(text, 0) + 1
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.2)
         return JudgeResult(score=0.5)
 
 
 async def test_slow_judge_work_is_not_stolen_by_another_consumer(
     aredis_client: aredis.Redis, redis_url: str
 ) -> None:
-    settings = fast_settings(redis_url, next_state_timeout_s=0.1, slow_read_count=2)
+    # Keep-alive runs every claim_idle_ms / 3: 300 ms leaves a loaded machine 200 ms of slack.
+    settings = fast_settings(
+        redis_url, next_state_timeout_s=0.1, slow_read_count=2, claim_idle_ms=300
+    )
     judge = SlowJudge()
     turns = [make_turn(f"s{i}", 0, [user("q")], f"reply {i}") for i in range(6)]
     metrics = PrmMetrics(CollectorRegistry())
@@ -262,7 +264,7 @@ async def test_slow_judge_work_is_not_stolen_by_another_consumer(
     await asyncio.sleep(0.3)
     stop.set()
     await asyncio.gather(*tasks)
-    # claim_idle_ms is 100 ms and each turn takes 500 ms, yet the consumer judging a turn
+    # claim_idle_ms is 300 ms and each turn takes 1200 ms, yet the consumer judging a turn
     # keeps it: every turn is judged once, by one of the two consumers.
     assert judge.calls == {f"reply {i}": 1 for i in range(6)}
     assert await aredis_client.xlen("liveloop:scored") == 6

@@ -19,8 +19,9 @@ from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.models import LoadedModel, load_model
 from liveloop.server.engine import SamplingParams, TokenOutput, TorchEngine
-from liveloop.server.traces import CheckpointError, WeightFollower, load_checkpoint_state_dict
+from liveloop.server.traces import WeightFollower
 from liveloop.valkey import EmbeddedValkey
+from liveloop.weights import CheckpointError, load_checkpoint_state_dict
 
 PROMPT = [1, 504, 3458, 28, 2]
 

@@ -39,6 +39,7 @@ from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater, UpdateStats
 from liveloop.trainer.reporting import QualityReporter
 from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch
+from liveloop.weights import setup_weight_transport
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,8 @@ class Trainer:
         client = await bus.connect(self._redis_url())
         registry = await asyncio.to_thread(Registry.open, self.settings.effective_db_url)
         run_id = await asyncio.to_thread(registry.start_run, "train", self._run_config())
-        publisher = Publisher(client, registry, run_id)
+        transport = setup_weight_transport(self.settings.checkpoints_dir, client)
+        publisher = Publisher(transport, registry, run_id)
         source = BatchSource(
             client,
             self.settings.data_dir,

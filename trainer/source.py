@@ -3,7 +3,7 @@
 `BatchSource` reads one batch at a time in consumer group `trainer` (inline samples, or the
 file a large batch refers to), and acknowledges it only after the update it fed has been
 checkpointed and announced. `Publisher` records versions in the registry and announces
-them on `liveloop:weights`, exactly once per (version, path).
+them through the weight transport (`liveloop.weights`), exactly once per (version, path).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from pydantic import ValidationError
 from liveloop import bus
 from liveloop.contracts import BatchSample, TrainingBatch, WeightsAnnouncement
 from liveloop.registry import Registry
+from liveloop.weights import WeightTransport
 
 log = logging.getLogger(__name__)
-
-TRAINER_GROUP = "trainer"
 
 
 @dataclass
@@ -58,7 +57,7 @@ class BatchSource:
         self.consumer = bus.StreamConsumer(
             client,
             bus.BATCHES,
-            TRAINER_GROUP,
+            bus.TRAINER_GROUP,
             consumer,
             claim_idle_ms=claim_idle_ms,
             max_attempts=max_attempts,
@@ -96,10 +95,10 @@ class BatchSource:
 
 
 class Publisher:
-    """Records versions in the registry and announces them on `liveloop:weights`."""
+    """Records versions in the registry and announces them through the weight transport."""
 
-    def __init__(self, client: aredis.Redis, registry: Registry, run_id: int | None) -> None:
-        self.client = client
+    def __init__(self, transport: WeightTransport, registry: Registry, run_id: int | None) -> None:
+        self.transport = transport
         self.registry = registry
         self.run_id = run_id
 
@@ -128,7 +127,7 @@ class Publisher:
         status: Literal["accepted", "rejected"] = "accepted",
         reason: str | None = None,
     ) -> bool:
-        """Announce on `liveloop:weights`; False when this (version, path) was announced before.
+        """Announce the version; False when this (version, path) was announced before.
 
         A rejected version is announced too, so that every server can show it as refused.
         """
@@ -140,14 +139,7 @@ class Publisher:
             status=status,
             reason=reason,
         )
-        entry = await bus.publish(
-            self.client,
-            bus.WEIGHTS,
-            payload,
-            dedupe_key=f"v{version}:{path}",
-            version=version,
-        )
-        return entry is not None
+        return await self.transport.announce(payload)
 
     def forget(self, versions: list[int]) -> None:
         """Drop pruned versions from the registry (their checkpoints are gone).

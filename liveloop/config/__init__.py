@@ -79,11 +79,11 @@ class LiveLoopSettings(BaseSettings):
     )
     log_level: str = Field("INFO", description="Python logging level.")
     seed: int = Field(0, description="Global seed (model init for tiny-random, sampling defaults).")
-    server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]
-    prm: JudgeConfig = Field(default_factory=JudgeConfig)  # type: ignore[arg-type]
-    collector: CollectorConfig = Field(default_factory=CollectorConfig)  # type: ignore[arg-type]
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)  # type: ignore[arg-type]
-    demo: DemoConfig = Field(default_factory=DemoConfig)  # type: ignore[arg-type]
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    prm: JudgeConfig = Field(default_factory=JudgeConfig)
+    collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    demo: DemoConfig = Field(default_factory=DemoConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -91,5 +91,5 @@ class TrainerConfig(Section):
     consumer_name: str | None = Field(
         None, description="Consumer name in the group `trainer` (default: host-pid)."
     )
-    lora: LoraSettings = Field(default_factory=LoraSettings)  # type: ignore[arg-type]
-    gate: GateSettings = Field(default_factory=GateSettings)  # type: ignore[arg-type]
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
-
+from liveloop import bus
+from liveloop.contracts import ScoredTurn
 from liveloop.demo.measures import reply_quality
 from liveloop.demo.render import plot, render_markdown
 from liveloop.registry import Registry, RegistryError
@@ -52,29 +52,28 @@ def _last_user_text(messages: list[dict[str, Any]]) -> str:
 
 def read_judged(redis_url: str) -> list[JudgedTurn]:
     """Every judged main turn in stream order."""
-    client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = bus.redis_client_sync(redis_url)
     out: list[JudgedTurn] = []
     try:
         last = "-"
         while True:
-            batch = client.xrange("liveloop:scored", min=last, count=1000)
+            batch: Any = client.xrange(bus.stream_key(bus.SCORED), min=last, count=1000)
             batch = [e for e in batch if e[0] != last]
             if not batch:
                 break
-            for entry_id, fields in batch:
-                last = entry_id
-                data = json.loads(fields["data"])
-                content = (data.get("response") or {}).get("content") or ""
+            last = batch[-1][0]
+            for turn in bus.decode_entries(batch, ScoredTurn):
+                content = turn.response.get("content") or ""
                 out.append(
                     JudgedTurn(
-                        score=float(data["score"]),
-                        version=min(data.get("versions") or [0]),
-                        tokens=len(data.get("completion_token_ids") or []),
-                        words=len(content.split()),
-                        judged_at=float(data.get("judged_at") or 0.0),
-                        turn_type=data.get("turn_type", "main"),
-                        question=_last_user_text(data.get("messages") or []),
-                        reply=content,
+                        score=turn.score,
+                        version=turn.min_version,
+                        tokens=len(turn.completion_token_ids),
+                        words=len(str(content).split()),
+                        judged_at=turn.judged_at,
+                        turn_type=turn.turn_type,
+                        question=_last_user_text(turn.messages),
+                        reply=str(content),
                     )
                 )
     finally:

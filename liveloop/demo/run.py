@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.demo.measures import reply_quality
@@ -28,6 +29,7 @@ from liveloop.demo.report import add_registry_quality, read_judged, summarise, w
 from liveloop.demo.users import UserRun, UserStats, run_population
 from liveloop.supervisor import Supervisor
 from liveloop.valkey import free_port
+from liveloop.weights import latest_announcement_sync
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +121,12 @@ def evaluate(base_url: str, model: str, seed: int) -> dict[str, Any]:
 
 
 def _latest_checkpoint(redis_url: str) -> tuple[int, str] | None:
-    import redis
-
-    client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = bus.redis_client_sync(redis_url)
     try:
-        entries = client.xrevrange("liveloop:weights", count=64)
+        latest = latest_announcement_sync(client, scan=64)  # never a version the gate refused
     finally:
         client.close()
-    for _id, fields in entries:
-        data = json.loads(fields["data"])
-        if data.get("status", "accepted") == "accepted":  # never a version the gate refused
-            return int(data["version"]), str(data["path"])
-    return None
+    return (latest.version, latest.path) if latest is not None else None
 
 
 def run_demo(

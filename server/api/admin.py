@@ -11,7 +11,7 @@ from liveloop.server.api.chat.protocol import ErrorResponse
 from liveloop.server.api.deps import get_state
 from liveloop.server.api.errors import APIError
 from liveloop.server.auth import require_admin
-from liveloop.server.traces import CheckpointError
+from liveloop.weights import CheckpointError
 
 router = APIRouter(
     prefix="/admin",

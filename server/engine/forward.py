@@ -122,7 +122,8 @@ class LlamaRunner:
         """Output projection, residuals and MLP; `attn_out` is `[batch, heads, seq, dim]`."""
         b, _, s, _ = attn_out.shape
         h = h + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, s, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        out: torch.Tensor = h + layer.mlp(layer.post_attention_layernorm(h))
+        return out
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.lm_head(self.norm(h))

@@ -267,7 +267,7 @@ class TorchEngine:
 
         Raises CheckpointError when the files are unusable or do not fit the model.
         """
-        from liveloop.server.traces.checkpoint import CheckpointError, load_checkpoint_state_dict
+        from liveloop.weights import CheckpointError, load_checkpoint_state_dict
 
         def read() -> dict[str, torch.Tensor]:
             state_dict = load_checkpoint_state_dict(path)

@@ -35,10 +35,10 @@ log = logging.getLogger("liveloop.server.engine.worker")
 def wire_error(exc: BaseException) -> Exception:
     """An exception that pickles and keeps its meaning (engine and checkpoint errors as is)."""
     from liveloop.server.engine.types import EngineError
-    from liveloop.server.traces.checkpoint import CheckpointError
+    from liveloop.weights import CheckpointError
 
     if isinstance(exc, EngineError | CheckpointError) and type(exc).__module__.startswith(
-        "liveloop.server."
+        "liveloop."  # liveloop.server.engine.types, liveloop.weights
     ):
         return exc
     return EngineError(f"{type(exc).__name__}: {exc}")

@@ -1,11 +1,11 @@
-"""Following `liveloop:weights` and hot-swapping each new checkpoint into the live engine.
+"""Following the weight transport's announcements and hot-swapping each new checkpoint.
 
 The engine reads and checks a checkpoint (file I/O, NaN scan, name/shape/dtype check) off
 its decode loop; only the final in-place copy runs between two decode steps, so requests
-in flight keep streaming. Every server replica
-reads the stream with a plain XREAD (no consumer group): each one must see every
-announcement. A refused checkpoint is logged and counted, and serving goes on with the
-old weights.
+in flight keep streaming. Every server replica follows the announcements itself
+(`WeightTransport.updates`: a plain XREAD of `liveloop:weights`, no consumer group), since
+each one must see every announcement. A refused checkpoint is logged and counted, and
+serving goes on with the old weights.
 """
 
 from __future__ import annotations
@@ -16,20 +16,17 @@ import time
 from typing import Any, Protocol
 
 import redis
-import redis.asyncio as aredis
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import ValidationError
 
 from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
-from liveloop.server.traces.checkpoint import CheckpointError
+from liveloop.weights import CheckpointError, WeightTransport, setup_weight_transport
 
 log = logging.getLogger(__name__)
 
 PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 HISTORY_LIMIT = 100
-LATEST_SCAN = 16
 
 
 class SwappableEngine(Protocol):
@@ -181,14 +178,11 @@ class WeightFollower:
         assert self.redis_url is not None
         delay = self.reconnect_initial_s
         while not self._stopping:
-            client = aredis.from_url(
-                self.redis_url,
-                decode_responses=True,
-                socket_connect_timeout=5.0,
-                socket_timeout=self.block_ms / 1000 + 10.0,
+            client = bus.redis_client(
+                self.redis_url, timeout_s=self.block_ms / 1000 + 10.0, connect_timeout_s=5.0
             )
             try:
-                await self._read_loop(client)
+                await self._read_loop(setup_weight_transport(client=client))
             except (redis.RedisError, OSError) as exc:
                 if self.connected:
                     log.warning("lost Redis while following weights: %s", exc)
@@ -205,38 +199,26 @@ class WeightFollower:
             finally:
                 await client.aclose()
 
-    async def _read_loop(self, client: aredis.Redis) -> None:
-        key = bus.stream_key(bus.WEIGHTS)
+    async def _read_loop(self, transport: WeightTransport) -> None:
+        """Consider the recent announcements once, then every new one, until stopped."""
         if self._last_id is None:  # first connection: the newest announcements so far
-            latest: Any = await client.xrevrange(key, count=LATEST_SCAN)
-            self._last_id = str(latest[0][0]) if latest else "0-0"
+            self._last_id, recent = await transport.updates(None, self.block_ms)
             self.connected = True
-            await self._consider([dict(fields) for _id, fields in latest or []])
+            await self._consider(recent)
         self.connected = True
         while not self._stopping:
-            last_id: str = self._last_id
-            reply: Any = await client.xread({key: last_id}, count=64, block=self.block_ms)
-            batch: list[dict[str, str]] = []
-            for _stream, items in reply or []:
-                for entry_id, fields in items:
-                    self._last_id = entry_id
-                    batch.append(fields)
-            if batch:
-                await self._consider(batch)
+            self._last_id, announcements = await transport.updates(self._last_id, self.block_ms)
+            if announcements:
+                await self._consider(announcements)
 
-    async def _consider(self, entries: list[dict[str, str]]) -> None:
+    async def _consider(self, announced: list[WeightsAnnouncement]) -> None:
         """Load the newest announced version above the serving one (older ones as fallback).
 
         Versions the promotion gate rejected are never loaded; they are remembered (and
         shown by GET /admin/weights) with the gate's reason.
         """
         announcements: list[WeightsAnnouncement] = []
-        for fields in entries:
-            try:
-                ann = bus.decode(fields, WeightsAnnouncement)
-            except (ValidationError, ValueError) as exc:
-                log.error("ignoring a malformed weights announcement: %s", exc)
-                continue
+        for ann in announced:
             if ann.servable:
                 announcements.append(ann)
             elif all(r["version"] != ann.version for r in self.rejected):

@@ -23,8 +23,6 @@ import redis
 import redis.asyncio as aredis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from liveloop import bus
 from liveloop.contracts import TurnRecord
@@ -118,12 +116,9 @@ class TraceWriter:
         await asyncio.to_thread(self.spool.open)
         self.metrics.torn.inc(self.spool.torn_tails)
         self._update_backlog()
-        self._client = aredis.from_url(
-            self.redis_url,
-            decode_responses=True,
-            socket_timeout=self.socket_timeout_s,
-            socket_connect_timeout=self.socket_timeout_s,
-            retry=Retry(NoBackoff(), 0),  # retries are this class's business
+        # retries are this class's business, not redis-py's
+        self._client = bus.redis_client(
+            self.redis_url, timeout_s=self.socket_timeout_s, retries=False
         )
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()

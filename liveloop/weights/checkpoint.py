@@ -1,10 +1,11 @@
-"""Reading an announced checkpoint into a state dict, refusing anything unusable.
+"""Reading a checkpoint's tensors, refusing anything unusable (the format's reader).
 
 A checkpoint is what `save_pretrained` writes (one `model.safetensors`, or shards listed
 in `model.safetensors.index.json`) or a single `.safetensors` file. Everything that can
-be wrong with the files themselves is reported here as a `CheckpointError` naming the
-problem; whether names, shapes and dtypes fit the live model is the engine's check
-(`validate_state_dict`), which the follower runs right after this.
+be wrong with the files themselves is reported as a `CheckpointError` naming the problem:
+`check_checkpoint` reads only the safetensors headers (cheap), `load_checkpoint_state_dict`
+reads every tensor and also refuses NaN or infinite values. Whether names, shapes and
+dtypes fit a live model is the engine's check (`validate_state_dict`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,47 @@ def _index_files(directory: Path) -> tuple[list[Path], set[str] | None]:
     return files, None
 
 
+def _files(path: Path) -> tuple[list[Path], set[str] | None]:
+    """The safetensors files of a checkpoint (dir or single file) and the names promised."""
+    if path.is_dir():
+        return _index_files(path)
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"{path} is not a .safetensors file or a checkpoint directory")
+        return [path], None
+    raise CheckpointError(f"checkpoint not found: {path}")
+
+
+def _check_names(path: Path, found: list[str], promised: set[str] | None) -> None:
+    if not found:
+        raise CheckpointError(f"checkpoint {path} holds no tensors")
+    if len(set(found)) != len(found):
+        twice = sorted({n for n in found if found.count(n) > 1})[:5]
+        raise CheckpointError(f"tensor(s) {twice} appear more than once in {path}")
+    if promised is not None and promised != set(found):
+        missing = sorted(promised - set(found))[:5]
+        extra = sorted(set(found) - promised)[:5]
+        raise CheckpointError(
+            f"checkpoint {path} does not match its index: missing {missing}, unlisted {extra}"
+        )
+
+
+def check_checkpoint(path: str | Path) -> None:
+    """Raise CheckpointError unless every file is there and its header readable (no tensors read)."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    files, promised = _files(path)
+    names: list[str] = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                names += list(handle.keys())
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"unreadable safetensors file {file}: {exc}") from None
+    _check_names(path, names, promised)
+
+
 def _read_file(path: Path, into: dict[str, torch.Tensor]) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -75,24 +117,10 @@ def _check_finite(state_dict: dict[str, torch.Tensor]) -> None:
 def load_checkpoint_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint (dir or single file) on CPU; raises CheckpointError."""
     path = Path(path)
-    if path.is_dir():
-        files, promised = _index_files(path)
-    elif path.is_file():
-        if path.suffix != ".safetensors":
-            raise CheckpointError(f"{path} is not a .safetensors file or a checkpoint directory")
-        files, promised = [path], None
-    else:
-        raise CheckpointError(f"checkpoint not found: {path}")
+    files, promised = _files(path)
     state_dict: dict[str, torch.Tensor] = {}
     for file in files:
         _read_file(file, state_dict)
-    if not state_dict:
-        raise CheckpointError(f"checkpoint {path} holds no tensors")
-    if promised is not None and promised != set(state_dict):
-        missing = sorted(promised - set(state_dict))[:5]
-        extra = sorted(set(state_dict) - promised)[:5]
-        raise CheckpointError(
-            f"checkpoint {path} does not match its index: missing {missing}, unlisted {extra}"
-        )
+    _check_names(path, list(state_dict), promised)
     _check_finite(state_dict)
     return state_dict
