@@ -71,6 +71,21 @@ def wait_scored(client: redis.Redis, n: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def wait_reading(client: redis.Redis, name: str, since: float, timeout_s: float = 60.0) -> None:
+    """Wait until consumer `name` has read `liveloop:turns` after `since` (time.monotonic()).
+
+    A judge reads only once it is connected and handles SIGTERM, so it stops cleanly then.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        consumers = client.xinfo_consumers("liveloop:turns", "prm")
+        idle_ms = next((int(c["idle"]) for c in consumers if c["name"] == name), None)
+        if idle_ms is not None and idle_ms < (time.monotonic() - since) * 1000:
+            return
+        assert time.monotonic() < deadline, f"judge {name} never read after its restart"
+        time.sleep(0.05)
+
+
 def stop(*procs: subprocess.Popen[bytes]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -90,9 +105,10 @@ def test_two_processes_share_work_survive_a_crash_and_score_each_turn_once(redis
         p1.send_signal(signal.SIGKILL)  # dies with entries in flight
         p1.wait(10)
         assert client.xlen("liveloop:scored") < total
+        restarted = time.monotonic()
         p1 = start_judge(redis_url, "p1")  # a restarted judge resumes its own pending work
         wait_scored(client, total)
-        time.sleep(1.0)
+        wait_reading(client, "p1", restarted)
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
     finally:
         stop(p1, p2)
