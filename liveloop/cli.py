@@ -66,12 +66,52 @@ def build_parser() -> argparse.ArgumentParser:
         "--held-out", action="store_true", help="also replay held-out users against the latest"
     )
     cmds["eval"].add_argument("--json", action="store_true", help="quality as JSON")
+    _engine_flags(cmds["serve"])
     judge = cmds["judge"]
     judge.add_argument("--replay", action="store_true", help="re-score historical turns")
     judge.add_argument("--judge", action="append", help="judge name for --replay (repeatable)")
     judge.add_argument("--from", dest="from_id", default="-", help="first stream id to replay")
     judge.add_argument("--to-stream", help="stream to write replayed scores to")
     return parser
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> None:
+    """`serve`'s engine choice (server.engine, server.sglang.*)."""
+    parser.add_argument("--engine", choices=("torch", "sglang"), help="generation engine")
+    parser.add_argument(
+        "--sglang-url",
+        action="append",
+        help="SGLang server URL(s), comma-separated or repeated (engine sglang)",
+    )
+    parser.add_argument(
+        "--launch", type=int, help="start this many local SGLang servers (engine sglang)"
+    )
+    parser.add_argument(
+        "--device", help="device of the engine: torch's ('cpu', 'cuda') or launched SGLang servers'"
+    )
+
+
+def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The `server` section given by `serve`'s engine flags (empty when none is given)."""
+    server: dict[str, Any] = {}
+    sglang: dict[str, Any] = {}
+    engine = getattr(args, "engine", None)
+    if engine is not None:
+        server["engine"] = engine
+    urls = getattr(args, "sglang_url", None)
+    if urls:
+        sglang["urls"] = [u.strip() for part in urls for u in part.split(",") if u.strip()]
+    if getattr(args, "launch", None) is not None:
+        sglang["launch"] = args.launch
+    device = getattr(args, "device", None)
+    if device is not None:
+        if engine == "sglang" or urls or getattr(args, "launch", None):
+            sglang["device"] = device
+        else:
+            server["device"] = device
+    if sglang:
+        server["sglang"] = sglang
+    return server
 
 
 def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
@@ -86,6 +126,9 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
             demo[key] = getattr(args, key)
     if demo:
         overrides["demo"] = demo
+    server = _engine_overrides(args)
+    if server:
+        overrides["server"] = server
     return load_settings(args.config, **overrides)
 
 

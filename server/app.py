@@ -9,7 +9,6 @@ through `app.state.liveloop` (a `ServerState`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -24,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from liveloop import bus
 from liveloop.config import ConfigError, LiveLoopSettings
-from liveloop.models import ALIASES, LoadedModel, load_model, load_tokenizer
+from liveloop.models import ALIASES, LoadedModel
 from liveloop.server.api import admin, feedback, health, models
 from liveloop.server.api.chat import api_router as chat_router
 from liveloop.server.api.chat.fast_path import ChatFastPath
@@ -80,8 +79,6 @@ class ServerState:
         cfg = self.settings.server
         if self.settings.redis_url is None:
             raise ConfigError("the server needs a Redis URL: --redis-url or LIVELOOP_REDIS_URL")
-        if cfg.engine != "torch":
-            raise ConfigError(f"server.engine: {cfg.engine!r} is not available in this build")
         if self.auth.open:
             log.warning("no API keys configured (LIVELOOP_API_KEYS): the server is open to anyone")
         self.capture = cfg.trace_capture
@@ -101,40 +98,24 @@ class ServerState:
         )
         self.ready = True
         log.info(
-            "serving %s (policy v%d) on the torch engine%s",
+            "serving %s (policy v%d) on the %s engine%s",
             self.model_name,
             self.engine.version,
-            " (worker process)" if cfg.engine_process else "",
+            self.engine.kind,
+            " (worker process)" if cfg.engine == "torch" and cfg.engine_process else "",
         )
 
     async def _start_engine(self) -> Any:
-        """Start the engine; returns the tokenizer the server renders prompts with."""
-        cfg = self.settings.server
-        if cfg.engine_process:
-            from liveloop.server.engine.process import EngineOptions, EngineProcess
+        """Create and start the engine (`create_engine`); returns its tokenizer."""
+        from liveloop.server.engine import create_engine
 
-            self.engine = self.spawned or EngineProcess(EngineOptions.from_settings(self.settings))
-            self.spawned = None
-            self._closers.append(self.engine.stop)
-            await self.engine.start()
-            return await asyncio.to_thread(load_tokenizer, self.settings.model)
-        from liveloop.server.engine import TorchEngine
-
-        loaded = self.preloaded
-        if loaded is None:
-            loaded = await asyncio.to_thread(load_model, self.settings.model, cfg.device)
-        self.preloaded = None
-        self.engine = TorchEngine(
-            loaded.model,
-            loaded.tokenizer,
-            max_batch_size=cfg.max_batch_size,
-            max_model_len=cfg.max_model_len,
-            device=cfg.device,
-            threads=cfg.torch_threads,
-        )
-        await self.engine.start()
-        self._closers.append(self.engine.stop)
-        return loaded.tokenizer
+        engine = await create_engine(self.settings, model=self.preloaded, spawned=self.spawned)
+        self.preloaded = self.spawned = None
+        self.engine = engine
+        self._closers.append(engine.stop)
+        await engine.start()
+        engine.bind_metrics(self.registry)
+        return engine.tokenizer
 
     async def _start_companions(self, redis_url: str) -> None:
         """The trace writer (turn records) and the weight follower (hot-swaps)."""

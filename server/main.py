@@ -40,6 +40,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def _engine_or_model(settings: LiveLoopSettings) -> dict[str, Any]:
     """The started engine worker (or, in-thread, the loaded model) for create_app."""
     cfg = settings.server
+    if cfg.engine == "sglang":
+        return {}  # the gateway reaches (or launches) its servers in the app's lifespan
     if not cfg.engine_process:
         return {"model": load_model(settings.model, cfg.device)}
     from liveloop.server.engine.process import EngineOptions, EngineProcess
@@ -49,18 +51,35 @@ def _engine_or_model(settings: LiveLoopSettings) -> dict[str, Any]:
     return {"engine": engine}
 
 
+def check_sglang_urls(urls: list[str], timeout_s: float = 5.0) -> None:
+    """ConnectionError (one line) when none of the SGLang servers answers `/health`."""
+    import httpx
+
+    for url in urls:
+        try:
+            if httpx.get(url.rstrip("/") + "/health", timeout=timeout_s).status_code == 200:
+                return
+        except httpx.HTTPError:
+            continue
+    raise ConnectionError(f"no SGLang server answered at {', '.join(urls)}")
+
+
 def run(settings: LiveLoopSettings) -> None:
     """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError."""
     if settings.redis_url is None:
         raise ConfigError("serve needs a Redis URL: --redis-url or LIVELOOP_REDIS_URL")
-    if settings.server.engine != "torch":
+    sglang = settings.server.sglang
+    if settings.server.engine == "sglang" and not sglang.urls and not sglang.launch:
         raise ConfigError(
-            f"server.engine: {settings.server.engine!r} is not available yet; use 'torch'"
+            "server.engine 'sglang' needs SGLang servers: --sglang-url URL[,URL...] "
+            "or --launch N (server.sglang.urls / server.sglang.launch)"
         )
     sock = bind_socket(settings.host, settings.port)
     try:
         connect_sync(settings.redis_url).close()
-        resolve_model_dir(settings.model)  # fails fast, before torch is imported
+        resolve_model_dir(settings.model)  # fails fast, before any engine starts
+        if settings.server.engine == "sglang" and not sglang.launch:
+            check_sglang_urls(sglang.urls)
         from liveloop.server.app import create_app
 
         app = create_app(settings, **_engine_or_model(settings))

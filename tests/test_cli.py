@@ -12,6 +12,8 @@ import psutil
 import pytest
 import redis
 
+from liveloop.valkey import free_port
+
 CLI = [sys.executable, "-m", "liveloop.cli"]
 
 
@@ -79,7 +81,14 @@ def test_unreachable_redis_is_one_line(command: str, tmp_path: Path) -> None:
     assert_one_line_error(proc, "cannot reach Redis")
 
 
-def test_unavailable_engine_is_refused_not_ignored(redis_url: str, tmp_path: Path) -> None:
+def test_sglang_engine_without_servers_is_refused(redis_url: str, tmp_path: Path) -> None:
     env = dict(os.environ, LIVELOOP_SERVER__ENGINE="sglang")
     proc = run_cli("serve", "--redis-url", redis_url, "--data-dir", str(tmp_path), env=env)
-    assert_one_line_error(proc, "server.engine: 'sglang' is not available yet")
+    assert_one_line_error(proc, "server.engine 'sglang' needs SGLang servers")
+
+
+def test_unreachable_sglang_servers_are_one_line(redis_url: str, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    args = ("--redis-url", redis_url, "--data-dir", str(tmp_path), "--model", "tiny-random")
+    proc = run_cli("serve", "--engine", "sglang", "--sglang-url", url, *args)
+    assert_one_line_error(proc, f"no SGLang server answered at {url}")

@@ -24,6 +24,7 @@ from liveloop.config.collector import CollectorConfig
 from liveloop.config.demo import DemoConfig
 from liveloop.config.prm import JudgeConfig, LLMJudgeConfig
 from liveloop.config.server import ServerConfig
+from liveloop.config.sglang import SGLangConfig
 from liveloop.config.trainer import LoraSettings, TrainerConfig
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "LLMJudgeConfig",
     "LiveLoopSettings",
     "LoraSettings",
+    "SGLangConfig",
     "ServerConfig",
     "TrainerConfig",
     "load_settings",

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from liveloop.config.base import Section
+from liveloop.config.sglang import SGLangConfig
 
 
 class ServerConfig(Section):
@@ -12,8 +13,8 @@ class ServerConfig(Section):
 
     engine: Literal["torch", "sglang"] = Field(
         "torch",
-        description="Generation engine: the embedded torch engine ('sglang', a gateway to "
-        "SGLang servers, is planned and refused at start-up for now).",
+        description="Generation engine: 'torch' (embedded, in this host's process) or 'sglang' "
+        "(this server becomes a gateway to the SGLang servers of `server.sglang`).",
     )
     engine_process: bool = Field(
         True,
@@ -56,8 +57,9 @@ class ServerConfig(Section):
     follow_weights: bool = Field(
         True, description="Follow liveloop:weights and hot-swap each new checkpoint."
     )
-    sglang_urls: list[str] = Field(
-        default_factory=list, description="Base URLs of SGLang servers (engine = 'sglang')."
+    sglang: SGLangConfig = Field(
+        default_factory=SGLangConfig,  # type: ignore[arg-type]
+        description="The SGLang servers and how the gateway drives them (engine = 'sglang').",
     )
     session_ttl_s: int = Field(
         7 * 24 * 3600,

@@ -19,7 +19,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """200 once the engine serves requests; 503 before that and while stopping."""
+    """200 once the engine serves requests; 503 before that, while stopping, and while the
+    engine cannot serve (worker down, no SGLang replica in the pool). Engine details
+    (the SGLang replicas) come with it."""
     state = request.app.state.liveloop
     engine_down = state.ready and not state.engine.is_running
     ready = state.ready and not engine_down
@@ -30,6 +32,8 @@ async def readyz(request: Request) -> Response:
         body["policy_version"] = int(state.engine.version)
         body["model"] = state.model_name
         body["trace_capture"] = state.capture
+    if state.ready:
+        body.update(state.engine.health())
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

@@ -32,12 +32,16 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from liveloop.models import ModelLoadError
-from liveloop.server.engine.state import RequestStream, check_request
+from liveloop.server.engine.base import EngineClient
+from liveloop.server.engine.stream import RequestStream, check_request
 from liveloop.server.engine.types import EngineError, EngineStats, SamplingParams, TokenOutput
 from liveloop.valkey import die_with_parent
+
+if TYPE_CHECKING:
+    from liveloop.server.tools.spec import OutputSpec
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ class EngineOptions:
         )
 
 
-class EngineProcess:
+class EngineProcess(EngineClient):
     """A TorchEngine in a child process; `generate`, `load_weights` and the counters as usual.
 
     `spawn()` (blocking: start the worker and wait until its model is loaded) may run
@@ -78,8 +82,11 @@ class EngineProcess:
     `start()` then attaches the socket to the running loop.
     """
 
+    kind = "torch"
+
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
+        self._tokenizer: Any = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._info: dict[str, Any] = {}
@@ -105,6 +112,10 @@ class EngineProcess:
 
     async def start(self) -> None:
         """Spawn if needed (waiting off the loop), then read the worker's messages here."""
+        if self._tokenizer is None:  # the server renders prompts; the worker has its own
+            from liveloop.models import load_tokenizer
+
+            self._tokenizer = await asyncio.to_thread(load_tokenizer, self.options.model)
         if self._proc is None:
             self._launch()  # on this thread: the worker dies with the thread that started it
             await asyncio.to_thread(self._await_hello)
@@ -201,6 +212,11 @@ class EngineProcess:
 
     # ----------------------------------------------------------------- properties
     @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, loaded in this process by `start()`."""
+        return self._tokenizer
+
+    @property
     def version(self) -> int:
         """Policy version of the weights being served."""
         return int(self._info.get("version", 0))
@@ -242,24 +258,34 @@ class EngineProcess:
 
     # ----------------------------------------------------------------- requests
     def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> RequestStream:
         """Queue a completion at once and stream its tokens (see TorchEngine.generate)."""
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self.max_model_len)
-        recipe = None
-        if params.constraint is not None:
-            recipe = getattr(params.constraint, "recipe", None)
-            if recipe is None:
+        if params.constraint is not None:  # a compiled grammar: send its description
+            grammar = getattr(params.constraint, "spec", None)
+            if grammar is None:
                 raise EngineError("this output constraint cannot be sent to the engine worker")
-            params = replace(params, constraint=None)
+            params = replace(params, constraint=None, grammar=grammar)
         if not self.is_running:
             raise EngineError("engine is not running")
         rid = request_id or uuid.uuid4().hex
         queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
         self._streams[rid] = queue
-        self._send(("add", rid, prompt, params, recipe))
+        self._send(("add", rid, prompt, params))
         return RequestStream(queue, lambda: self._cancel(rid))
+
+    def check_grammar(self, grammar: OutputSpec) -> None:
+        """Compile the grammar here (cached) so a bad schema is refused before sending."""
+        from liveloop.server.tools import compile_output
+
+        compile_output(self._tokenizer, grammar, self.vocab_size)
 
     def _cancel(self, rid: str) -> None:
         """Drop a request; safe from any thread (a stream may be garbage-collected anywhere)."""

@@ -25,26 +25,26 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from liveloop.server.engine.base import EngineClient
 from liveloop.server.engine.forward import LlamaRunner, Prefill
 from liveloop.server.engine.prefix_cache import PrefixCache
 from liveloop.server.engine.sampling import Sampled, sample_batch
 from liveloop.server.engine.state import (
     OutputSink,
     Request,
-    RequestStream,
     Swap,
-    check_request,
     default_max_len,
     deliver,
     eos_ids,
     finish_reason,
     settle,
 )
+from liveloop.server.engine.stream import RequestStream, check_request
 from liveloop.server.engine.types import (
     EngineError,
     EngineStats,
@@ -53,8 +53,11 @@ from liveloop.server.engine.types import (
 )
 from liveloop.server.engine.weights import WeightSpec
 
+if TYPE_CHECKING:
+    from liveloop.server.tools.spec import OutputSpec
 
-class TorchEngine:
+
+class TorchEngine(EngineClient):
     """Continuous-batching generation with per-token log-probs and live weight swaps.
 
     `prefill_chunk_tokens` bounds the prompt tokens run per iteration (how long a joiner
@@ -113,7 +116,14 @@ class TorchEngine:
         self._threads = threads or torch.get_num_threads()
         self._current_threads = 0  # set by the first step
 
+    kind = "torch"
+
     # ----------------------------------------------------------------- properties
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer."""
+        return self._tokenizer
+
     @property
     def version(self) -> int:
         """Policy version of the weights now serving."""
@@ -185,12 +195,18 @@ class TorchEngine:
 
     # ----------------------------------------------------------------- requests
     def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> RequestStream:
         """Queue a completion at once and stream its tokens (call from the consumer's loop).
 
         Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
         stream early (`aclose()`, or dropping it) removes the request from the batch at once.
+        `affinity` means nothing to a single engine.
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
@@ -202,6 +218,12 @@ class TorchEngine:
         if self._sink is None:
             raise EngineError("submit() needs an engine built with an output_sink")
         self._queue_request(prompt_token_ids, params, request_id, None, None)
+
+    def check_grammar(self, grammar: OutputSpec) -> None:
+        """Compile the grammar (compilations are cached); ToolRequestError if impossible."""
+        from liveloop.server.tools import compile_output
+
+        compile_output(self._tokenizer, grammar, self.vocab_size)
 
     def cancel(self, request_id: str) -> None:
         """Drop a `submit()`ted request (a no-op once it has finished)."""
@@ -222,6 +244,11 @@ class TorchEngine:
     ) -> Request:
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self._max_model_len)
+        if params.grammar is not None and params.constraint is None:
+            from liveloop.server.tools import compile_output
+
+            factory = compile_output(self._tokenizer, params.grammar, self.vocab_size)
+            params = dataclasses.replace(params, constraint=factory.new())
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self._runner.device)

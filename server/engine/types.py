@@ -12,13 +12,18 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from liveloop.server.tools.spec import OutputSpec
+
 
 @runtime_checkable
 class TokenConstraint(Protocol):
-    """A grammar hook restricting which tokens may be sampled next.
+    """The torch engine's grammar hook: which tokens may be sampled next.
 
-    Implemented elsewhere (xgrammar); the engine only asks for the mask before sampling,
-    reports the sampled token, and finishes the request with "stop" once it terminates.
+    Callers describe structured output with `SamplingParams.grammar` (plain data every
+    engine understands); the torch engine compiles that into one of these (xgrammar). It
+    only asks for the mask before sampling, reports the sampled token, and finishes the
+    request with "stop" once it terminates. Setting `SamplingParams.constraint` directly
+    is for code that drives an in-process `TorchEngine` itself (tests, benchmarks).
     """
 
     def allowed_token_mask(self, vocab_size: int) -> torch.Tensor | None:
@@ -36,7 +41,13 @@ class TokenConstraint(Protocol):
 
 @dataclass
 class SamplingParams:
-    """How one request is sampled and when it stops."""
+    """How one request is sampled and when it stops.
+
+    `grammar` is what constrained decoding must produce (forced tool calls or JSON), as a
+    serializable description; each engine turns it into its own mechanism (the torch
+    engine compiles it with xgrammar, the SGLang gateway sends it in SGLang's
+    `sampling_params`). `constraint` is the torch engine's compiled per-request state.
+    """
 
     max_tokens: int
     temperature: float = 1.0
@@ -45,6 +56,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     top_logprobs: int = 0
+    grammar: OutputSpec | None = None
     constraint: TokenConstraint | None = None
     ignore_eos: bool = False
 
@@ -59,6 +71,10 @@ class TokenOutput:
     top_logprobs: list[tuple[int, float]]
     finish_reason: str | None = None
     stop_string: str | None = None
+    # On a request's last token only, from engines that learn the versions late (SGLang's
+    # weight_versions spans): the version of every completion token, replacing the
+    # provisional `version`s reported token by token.
+    versions: list[int] | None = None
 
 
 @dataclass

@@ -5,7 +5,7 @@ pair as `fd`. It loads the model, answers `("hello", info)` (or `("failed", reas
 then serves commands (read on a thread of their own) until told to stop or until the
 server's end of the socket closes:
 
-    ("add", request_id, prompt_ids, params, constraint_recipe)   queue a completion
+    ("add", request_id, prompt_ids, params)   queue a completion (params.grammar: plain data)
     ("cancel", request_id)                                       drop one
     ("load", call_id, path, version)                             hot-swap a checkpoint
     ("clear_prefix_cache",)  ("stop",)
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import pickle
@@ -150,15 +149,10 @@ class Worker:
         elif kind == "stop":
             self.stopped.set()
 
-    def add(self, request_id: str, prompt: list[int], params: Any, recipe: Any) -> None:
-        """Queue a completion; a refusal goes back as that request's only item."""
+    def add(self, request_id: str, prompt: list[int], params: Any) -> None:
+        """Queue a completion (the engine compiles its grammar); a refusal goes back as
+        that request's only item."""
         try:
-            if recipe is not None:
-                from liveloop.server.tools import build_constraint
-
-                factory = build_constraint(self.tokenizer, **recipe)
-                if factory is not None:
-                    params = dataclasses.replace(params, constraint=factory.new())
             self.engine.submit(prompt, params, request_id)
         except Exception as exc:
             self.send(("out", [(request_id, wire_error(exc))], 0, 0))

@@ -10,6 +10,7 @@ from liveloop.server.tools.grammar import (
     GrammarConstraint,
     TokenConstraintFactory,
     build_constraint,
+    compile_output,
 )
 from liveloop.server.tools.parser import StreamingToolCallParser, parse_tool_calls
 from liveloop.server.tools.spec import ToolRequestError
@@ -23,5 +24,6 @@ __all__ = [
     "TokenConstraintFactory",
     "ToolRequestError",
     "build_constraint",
+    "compile_output",
     "parse_tool_calls",
 ]

@@ -82,10 +82,9 @@ class ConstraintCompiler:
         """The compiled grammar for an output spec; ToolRequestError naming `param` if rejected."""
         try:
             if spec.kind == "tool_calls":
-                return self._compiler.compile_structural_tag(_tool_calls_tag(spec))
-            schema = spec.schema if spec.schema is not None else {"type": "object"}
+                return self._compiler.compile_structural_tag(tool_calls_tag(spec))
             return self._compiler.compile_json_schema(
-                json.dumps(bounded_strings_as_patterns(schema)),
+                json.dumps(json_schema_of(spec)),
                 any_whitespace=True,
                 max_whitespace_cnt=MAX_WHITESPACE,
                 strict_mode=spec.schema is not None,
@@ -95,9 +94,19 @@ class ConstraintCompiler:
             raise ToolRequestError(f"schema not supported: {message}", param) from None
 
 
-def _tool_calls_tag(spec: OutputSpec) -> dict[str, Any]:
-    """xgrammar structural tag: one (or, unless single, more) `<tool_call>` blocks."""
-    tags = [_call_tag(tool) for tool in spec.tools]
+def json_schema_of(spec: OutputSpec) -> dict[str, Any]:
+    """The JSON schema a "json" spec's output must match (any object when it names none)."""
+    schema = spec.schema if spec.schema is not None else {"type": "object"}
+    return bounded_strings_as_patterns(schema)
+
+
+def tool_calls_tag(spec: OutputSpec) -> dict[str, Any]:
+    """xgrammar structural tag: one (or, unless single, more) `<tool_call>` blocks.
+
+    Plain JSON: the torch engine compiles it, the SGLang gateway sends it as SGLang's
+    `structural_tag` (both use xgrammar's structural-tag format).
+    """
+    tags = [call_tag(tool) for tool in spec.tools]
     if spec.single_call and len(tags) == 1:
         return {"type": "structural_tag", "format": tags[0]}
     return {
@@ -112,7 +121,7 @@ def _tool_calls_tag(spec: OutputSpec) -> dict[str, Any]:
     }
 
 
-def _call_tag(tool: ToolSpec) -> dict[str, Any]:
+def call_tag(tool: ToolSpec) -> dict[str, Any]:
     return {
         "type": "tag",
         "begin": call_prefix(tool.name),
@@ -132,14 +141,14 @@ class GrammarConstraint:
         self,
         compiled: xgrammar.CompiledGrammar,
         compiler: ConstraintCompiler,
-        recipe: dict[str, Any] | None = None,
+        spec: OutputSpec | None = None,
     ) -> None:
         import torch
         import xgrammar
 
-        # The `build_constraint` arguments that made this grammar: an engine in another
-        # process rebuilds the constraint from them (a matcher cannot be pickled).
-        self.recipe = recipe
+        # The description this grammar was compiled from: an engine in another process
+        # compiles its own from it (a matcher cannot be pickled).
+        self.spec = spec
         self._matcher = xgrammar.GrammarMatcher(
             compiled, override_stop_tokens=compiler.stop_token_ids or None
         )
@@ -191,17 +200,17 @@ class TokenConstraintFactory:
         compiled: xgrammar.CompiledGrammar,
         compiler: ConstraintCompiler,
         kind: Literal["tool_calls", "json"],
-        recipe: dict[str, Any] | None = None,
+        spec: OutputSpec | None = None,
     ) -> None:
         self._compiled = compiled
         self._compiler = compiler
         self.kind = kind
-        self.recipe = recipe
+        self.spec = spec
         self.stop_token_ids = list(compiler.stop_token_ids)
 
     def new(self) -> GrammarConstraint:
         """A fresh constraint at the start of the output."""
-        return GrammarConstraint(self._compiled, self._compiler, self.recipe)
+        return GrammarConstraint(self._compiled, self._compiler, self.spec)
 
 
 def build_constraint(
@@ -223,16 +232,17 @@ def build_constraint(
     spec = parse_output_spec(specs, tool_choice, response_format, parallel_tool_calls)
     if spec.kind == "free":
         return None
+    return compile_output(tokenizer, spec, vocab_size)
+
+
+def compile_output(
+    tokenizer: Any, spec: OutputSpec, vocab_size: int | None = None
+) -> TokenConstraintFactory:
+    """Compile a (non-free) output spec for this tokenizer; ToolRequestError if impossible."""
     param = "tools" if spec.kind == "tool_calls" else "response_format"
     compiler = ConstraintCompiler.for_tokenizer(tokenizer, vocab_size)
-    recipe = {
-        "tools": tools,
-        "tool_choice": tool_choice,
-        "response_format": response_format,
-        "vocab_size": vocab_size,
-        "parallel_tool_calls": parallel_tool_calls,
-    }
-    factory = TokenConstraintFactory(compiler.compile(spec, param), compiler, spec.kind, recipe)
+    kind: Literal["tool_calls", "json"] = "tool_calls" if spec.kind == "tool_calls" else "json"
+    factory = TokenConstraintFactory(compiler.compile(spec, param), compiler, kind, spec)
     first = factory.new().allowed_token_mask(compiler.vocab_size)
     first[compiler.stop_token_ids] = False
     if not bool(first.any()):  # xgrammar turns e.g. {"anyOf": []} into the empty output

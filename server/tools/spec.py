@@ -54,6 +54,28 @@ class OutputSpec:
     single_call: bool = False
     schema: dict[str, Any] | None = None  # kind "json": None means any JSON object
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (what crosses process and network boundaries)."""
+        return {
+            "kind": self.kind,
+            "tools": [
+                {"name": t.name, "description": t.description, "parameters": t.parameters}
+                for t in self.tools
+            ],
+            "single_call": self.single_call,
+            "schema": self.schema,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> OutputSpec:
+        """The spec `to_json` described."""
+        return cls(
+            kind=data["kind"],
+            tools=[ToolSpec(**tool) for tool in data.get("tools", [])],
+            single_call=bool(data.get("single_call", False)),
+            schema=data.get("schema"),
+        )
+
 
 def parse_tools(tools: Any) -> list[ToolSpec]:
     """Check a request's `tools` list and return its functions (empty for None)."""

@@ -36,6 +36,9 @@ class PreparedChat:
     params: list[Any]
     previous: PreviousTurn | None = None
     session_hint: str | None = None  # X-Session-Id / metadata.session_id
+    # The session this turn will belong to: the hint, the continued turn's, or a new id
+    # (known before the engine starts, so an engine with replicas can route on it).
+    session_key: str = ""
     session: SessionTurn | None = None  # set by open_session, once the engine has started
     headers: dict[str, str] = field(default_factory=dict)
     submitted: float = 0.0

@@ -89,6 +89,8 @@ class SampleState:
         piece = self._decoder.step(self.token_text.backend, out.token_id)
         if piece:
             self._pending += piece
+        if out.versions is not None and len(out.versions) == len(self.versions):
+            self.versions = list(out.versions)
         if out.finish_reason is not None:
             self._finish(out.finish_reason, out.stop_string)
         return gap

@@ -29,7 +29,13 @@ from liveloop.server.api.chat.records import (
 )
 from liveloop.server.api.chat.sample import SampleState, TokenText
 from liveloop.server.api.errors import APIError, bad_request
-from liveloop.server.engine import ContextLengthError, EngineError, SamplingParams, TokenOutput
+from liveloop.server.engine import (
+    ContextLengthError,
+    EngineClient,
+    EngineError,
+    SamplingParams,
+    TokenOutput,
+)
 from liveloop.server.metrics import ServerMetrics
 from liveloop.server.prompting import BuiltPrompt, PromptBuilder
 from liveloop.server.sessions import (
@@ -39,7 +45,8 @@ from liveloop.server.sessions import (
     SessionTurn,
     new_session_id,
 )
-from liveloop.server.tools import ToolRequestError, build_constraint
+from liveloop.server.tools import ToolRequestError
+from liveloop.server.tools.spec import OutputSpec, parse_output_spec, parse_tools
 
 SEED_MOD = 2**63
 
@@ -70,7 +77,7 @@ class ChatService:
     def __init__(
         self,
         *,
-        engine: Any,
+        engine: EngineClient,
         tokenizer: Any,
         template: Any,
         sessions: SessionStore | None,
@@ -107,10 +114,10 @@ class ChatService:
         self._check_max_tokens(request)
         messages = [m.model_dump(exclude_none=True, by_alias=True) for m in request.messages]
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
-        constraint = self._constraint(request, tools)
+        grammar = self._grammar(request, tools)
         previous = await self._previous(ctx, messages)
         prompt = self._build_prompt(messages, tools, previous)
-        params = self._sampling_params(request, len(prompt.token_ids), constraint)
+        params = self._sampling_params(request, len(prompt.token_ids), grammar)
         return PreparedChat(
             request_id="chatcmpl-" + uuid.uuid4().hex,
             created=int(time.time()),
@@ -127,6 +134,8 @@ class ChatService:
             params=params,
             previous=previous,
             session_hint=ctx.session_id,
+            session_key=ctx.session_id
+            or (previous.session_id if previous is not None else new_session_id()),
         )
 
     def _check_max_tokens(self, request: ChatCompletionRequest) -> None:
@@ -140,9 +149,10 @@ class ChatService:
                     code="invalid_value",
                 )
 
-    def _constraint(
+    def _grammar(
         self, request: ChatCompletionRequest, tools: list[dict[str, Any]] | None
-    ) -> Any:
+    ) -> OutputSpec | None:
+        """What the output must be (forced tool calls, JSON), checked by the engine."""
         choice = request.tool_choice
         if choice is not None and choice != "none" and not tools:
             raise bad_request("tool_choice: needs a non-empty tools list", param="tool_choice")
@@ -158,16 +168,18 @@ class ChatService:
             choice if choice is None or isinstance(choice, str) else choice.model_dump()
         )
         try:
-            return build_constraint(
-                self.tokenizer,
-                tools=tools if choice != "none" else None,
-                tool_choice=wire_choice,
-                response_format=fmt.model_dump(by_alias=True) if fmt is not None else None,
-                vocab_size=int(self.engine.vocab_size),
-                parallel_tool_calls=request.parallel_tool_calls is not False,
+            spec = parse_output_spec(
+                parse_tools(tools if choice != "none" else None),
+                wire_choice,
+                fmt.model_dump(by_alias=True) if fmt is not None else None,
+                request.parallel_tool_calls is not False,
             )
+            if spec.kind == "free":
+                return None
+            self.engine.check_grammar(spec)
         except ToolRequestError as exc:
             raise bad_request(str(exc), param=exc.param or "tools", code="invalid_value") from None
+        return spec
 
     async def _previous(
         self, ctx: RequestContext, messages: list[dict[str, Any]]
@@ -184,13 +196,11 @@ class ChatService:
         """
         hint = prep.session_hint
         if not prep.record or self.sessions is None:
-            prep.session = SessionTurn(hint or new_session_id(), 0)
+            prep.session = SessionTurn(prep.session_key, 0)
         else:
             previous = prep.previous
             try:
-                prep.session = await self.sessions.allocate(
-                    prep.tenant, hint or (previous.session_id if previous else None)
-                )
+                prep.session = await self.sessions.allocate(prep.tenant, prep.session_key)
             except SessionForbidden as exc:
                 raise APIError(
                     403, str(exc), param="X-Session-Id", code="session_forbidden"
@@ -215,7 +225,7 @@ class ChatService:
         return prompt
 
     def _sampling_params(
-        self, request: ChatCompletionRequest, prompt_len: int, constraint: Any
+        self, request: ChatCompletionRequest, prompt_len: int, grammar: OutputSpec | None
     ) -> list[SamplingParams]:
         window = int(self.engine.max_model_len)
         room = window - prompt_len
@@ -242,7 +252,7 @@ class ChatService:
                 seed=None if request.seed is None else (request.seed + i) % SEED_MOD,
                 stop=request.stop_list,
                 top_logprobs=request.top_logprobs or 0,
-                constraint=constraint.new() if constraint is not None else None,
+                grammar=grammar,
                 ignore_eos=request.ignore_eos,
             )
             for i in range(request.n)
@@ -264,7 +274,12 @@ class ChatService:
         try:
             for i, params in enumerate(prep.params):
                 iterators.append(
-                    self.engine.generate(prep.prompt.token_ids, params, f"{prep.request_id}-{i}")
+                    self.engine.generate(
+                        prep.prompt.token_ids,
+                        params,
+                        f"{prep.request_id}-{i}",
+                        affinity=prep.session_key,
+                    )
                 )
         except EngineError as exc:
             for it in iterators:
