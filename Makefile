@@ -1,12 +1,19 @@
 # Two entry points: `make demo` and `make test`. Both create .venv on a fresh machine.
+# `make test-sglang` also creates .venv-sglang (SGLang, kept out of .venv: it pins its own
+# torch) and runs the engine contract suite and the gateway tests against real SGLang
+# servers on this machine's CPU.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
+SGLANG_PIN := sglang==0.5.23
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_ENV := LIVELOOP_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python
 
 
-.PHONY: demo test lint typecheck pytest venv clean bench
+.PHONY: demo test lint typecheck pytest venv clean bench test-sglang sglang-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,10 +41,24 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+$(SGLANG_STAMP):
+	$(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/pip install --quiet $(SGLANG_PIN)
+	touch $(SGLANG_STAMP)
+
+sglang-venv: $(SGLANG_STAMP)
+
+# Two runs, so that at most two SGLang servers (~6.6 GB each on CPU) exist at a time:
+# `--launch` starts its own server, the rest share a pair started once.
+test-sglang: $(STAMP) $(SGLANG_STAMP)
+	$(SGLANG_ENV) $(BIN)/pytest -q -m sglang_launch $(PYTEST_ARGS)
+	$(SGLANG_ENV) $(BIN)/pytest -q -m "sglang and not sglang_launch" $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/judge.py
 	$(BIN)/python bench/swap.py
 
 clean:
-	rm -rf $(VENV) .liveloop .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SGLANG_VENV) .liveloop .pytest_cache .mypy_cache .ruff_cache

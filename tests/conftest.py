@@ -11,9 +11,20 @@ import redis
 import redis.asyncio as aredis
 
 from liveloop.valkey import EmbeddedValkey
+from tests.support.sglang import PYTHON_ENV, sglang_python
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `sglang` need real SGLang servers: they run under `make test-sglang`."""
+    if sglang_python() is not None:
+        return
+    skip = pytest.mark.skip(reason=f"needs SGLang: run `make test-sglang` (sets {PYTHON_ENV})")
+    for item in items:
+        if item.get_closest_marker("sglang") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -233,8 +233,8 @@ class SGLangEngine(EngineClient):
 
     @property
     def num_running(self) -> int:
-        """Requests open through the gateway."""
-        return len(self._tasks)
+        """Requests open through the gateway (not yet finished)."""
+        return sum(1 for _task, generation in self._tasks.values() if not generation.finished)
 
     @property
     def num_waiting(self) -> int:

@@ -112,6 +112,9 @@ class Generation:
         self.replica: Replica | None = None
         self.rid = ""
         self._last: TokenOutput | None = None  # the finishing chunk's last token
+        self.finished = False  # its last item is on the queue
+        # SGLang ignores stop_token_ids along with EOS under ignore_eos; we do not.
+        self._own_stops = frozenset(params.stop_token_ids) if params.ignore_eos else frozenset()
 
     async def run(self) -> None:
         """Stream to the end, resuming on another replica when one fails mid-way."""
@@ -139,9 +142,13 @@ class Generation:
                     "continuing request %s on another replica (%s)", self.request_id, reason
                 )
         except RequestRefused as exc:
-            self.queue.put_nowait(InvalidRequestError(f"SGLang refused the request: {exc}"))
+            self._end(InvalidRequestError(f"SGLang refused the request: {exc}"))
         except Exception as exc:
-            self.queue.put_nowait(exc if isinstance(exc, EngineError) else EngineError(str(exc)))
+            self._end(exc if isinstance(exc, EngineError) else EngineError(str(exc)))
+
+    def _end(self, item: TokenOutput | Exception) -> None:
+        self.finished = True
+        self.queue.put_nowait(item)
 
     def _can_resume(self, attempt: int) -> bool:
         if attempt > self.resume_attempts:
@@ -169,6 +176,9 @@ class Generation:
             async for chunk in replica.client.generate(body):
                 meta = chunk.get("meta_info") or {}
                 seen = self._take(meta, seen, offset)
+                if self.finished:  # one of our own stop tokens: SGLang's request is dropped
+                    await self.cancel()
+                    return True
                 finish = meta.get("finish_reason")
                 if finish:
                     return self._finish(meta, finish, offset)
@@ -203,6 +213,11 @@ class Generation:
             )
             self.tokens.append(token.token_id)
             self.versions.append(version)
+            if token.token_id in self._own_stops:
+                token.finish_reason = "stop"
+                token.versions = list(self.versions)
+                self._end(token)
+                return total
             if finishing and i == len(fresh) - 1:
                 self._last = token  # finished by _finish with its reason and versions
             else:
@@ -229,12 +244,12 @@ class Generation:
         reason = "length" if kind == "length" else "stop"
         if last is None:
             log.warning("SGLang finished request %s without a final token", self.request_id)
-            self.queue.put_nowait(EngineError("SGLang finished without a final token"))
+            self._end(EngineError("SGLang finished without a final token"))
             return True
         last.finish_reason = reason
         last.stop_string = matched if isinstance(matched, str) else None
         last.versions = list(self.versions)
-        self.queue.put_nowait(last)
+        self._end(last)
         return True
 
     async def cancel(self) -> None:

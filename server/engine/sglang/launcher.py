@@ -51,6 +51,20 @@ def launch_command(python: str, model_dir: str, port: int, cfg: SGLangConfig) ->
     return cmd + extra
 
 
+def server_env(cfg: SGLangConfig) -> dict[str, str]:
+    """The environment of a launched server.
+
+    `SGLANG_RETURN_ORIGINAL_LOGPROB=1`: SGLang then returns log-probs of the model's raw
+    distribution, as the torch engine records them and the trainer recomputes them (by
+    default it returns them after temperature scaling).
+    """
+    env = dict(os.environ, SGLANG_RETURN_ORIGINAL_LOGPROB="1")
+    if cfg.device == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env.update(cfg.launch_env)
+    return env
+
+
 class LaunchedServer:
     """One SGLang server process (group) on a fixed port."""
 
@@ -113,10 +127,7 @@ class SGLangLauncher:
     async def start(self) -> list[str]:
         """Start every server and wait until all are healthy; their URLs."""
         await asyncio.to_thread(self._check_installed)
-        env = dict(os.environ)
-        if self.cfg.device == "cpu":
-            env["SGLANG_USE_CPU_ENGINE"] = "1"
-        env.update(self.cfg.launch_env)
+        env = server_env(self.cfg)
         for index in range(self.cfg.launch):
             port = self.cfg.launch_port + index if self.cfg.launch_port else free_port()
             command = launch_command(self.python, self.model_dir, port, self.cfg)
