@@ -101,18 +101,20 @@ def replica_requests(gateway: ServerProcess) -> dict[str, float]:
     return counts
 
 
-def test_chat_n_seed_and_logprobs(client: openai.OpenAI) -> None:
+def test_chat_n_seed_and_logprobs(client: openai.OpenAI, rdb: redis.Redis) -> None:
+    # A seed is passed on as SGLang's sampling_seed; SGLang honours it only with
+    # --enable-deterministic-inference, which its CPU backend lacks: not checked here.
     raw = chat(client, "Name a colour.", "gw-basic", n=2, seed=3, logprobs=True, top_logprobs=2)
     reply = raw.parse()
     assert raw.headers["x-policy-version"] == "0" and raw.headers["x-session-id"] == "gw-basic"
     assert [c.index for c in reply.choices] == [0, 1]
     for choice in reply.choices:
         assert choice.finish_reason in ("stop", "length")
-        assert choice.logprobs.content and all(
-            len(t.top_logprobs) == 2 for t in choice.logprobs.content
-        )
-    again = chat(client, "Name a colour.", "gw-basic-2", n=2, seed=3).parse()
-    assert [c.message.content for c in again.choices] == [c.message.content for c in reply.choices]
+        entries = choice.logprobs.content
+        assert entries and all(len(t.top_logprobs) == 2 for t in entries)
+        assert all(t.top_logprobs[0].logprob >= t.logprob for t in entries)
+    records = wait_for_turns(rdb, "gw-basic", 2)
+    assert sorted(r["sample_index"] for r in records) == [0, 1]
 
 
 def test_streaming_with_stop_matches_the_whole_reply(client: openai.OpenAI) -> None:
@@ -141,7 +143,13 @@ def test_streaming_with_stop_matches_the_whole_reply(client: openai.OpenAI) -> N
 )
 def test_forced_tool_calls(client: openai.OpenAI, choice: Any) -> None:
     reply = chat(
-        client, "Weather in Paris?", "gw-tools", tools=TOOLS, tool_choice=choice, max_tokens=40
+        client,
+        "Weather in Paris?",
+        "gw-tools",
+        tools=TOOLS,
+        tool_choice=choice,
+        max_tokens=40,
+        temperature=0,
     ).parse()
     call = reply.choices[0].message.tool_calls[0]
     assert reply.choices[0].finish_reason == "tool_calls"
@@ -163,11 +171,20 @@ def test_json_object_and_json_schema(client: openai.OpenAI) -> None:
         "required": ["name", "legs"],
     }
     fmt = {"type": "json_schema", "json_schema": {"name": "animal", "schema": schema}}
-    reply = chat(client, "A cat as JSON.", "gw-json", response_format=fmt, max_tokens=40).parse()
+    reply = chat(
+        client, "A cat as JSON.", "gw-json", response_format=fmt, max_tokens=40, temperature=0
+    ).parse()
     data = json.loads(reply.choices[0].message.content)
     assert isinstance(data["name"], str) and isinstance(data["legs"], int)
-    obj = chat(client, "A dog as JSON.", "gw-json-2", response_format={"type": "json_object"},
-               max_tokens=40).parse()  # fmt: skip
+    obj = chat(
+        client,
+        "A dog as JSON.",
+        "gw-json-2",
+        response_format={"type": "json_object"},
+        max_tokens=60,
+        temperature=0,
+    ).parse()
+    assert obj.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
 

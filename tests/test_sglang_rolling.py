@@ -228,9 +228,16 @@ def test_a_replica_that_cannot_load_stays_out_and_is_retried(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
             extra_headers={"X-Session-Id": f"out-{i}"},
         )  # fmt: skip
-    metrics = httpx.get(gateway.base_url + "/metrics").text
-    assert 'outcome="failed"} 1.0' in metrics or 'outcome="failed"} 2.0' in metrics
-    shutil.copytree(written, paths["seen"] / "v2")  # the shared volume catches up
+    failed = [
+        float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(gateway.base_url + "/metrics").text.splitlines()
+        if line.startswith("liveloop_sglang_replica_weight_updates_total{")
+        and 'outcome="failed"' in line
+    ]
+    assert sum(failed) >= 1
+    staged = paths["seen"] / ".v2-staging"  # the shared volume catches up (atomically)
+    shutil.copytree(written, staged)
+    staged.rename(paths["seen"] / "v2")
     wait_until(lambda: all(r["version"] == 2 and r["in_pool"] for r in replicas(gateway)),
                120, "the retry to bring both replicas to version 2")  # fmt: skip
 

@@ -150,8 +150,9 @@ def main() -> None:
     servers.start()
     print(f"{URLS_ENV}={','.join(servers.urls)}", flush=True)
     try:
-        while all(servers.alive(i) for i in range(2)):
-            time.sleep(1.0)
+        while True:
+            time.sleep(2.0)
+            servers.ensure_running()  # restart one a test killed or crashed
     except KeyboardInterrupt:
         pass
     finally:

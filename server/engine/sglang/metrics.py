@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from liveloop.server.engine.sglang.pool import ReplicaPool
+from liveloop.server.engine.sglang.pool import Replica, ReplicaPool
 
 
 class ReplicaCollector(Collector):
@@ -18,7 +18,7 @@ class ReplicaCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """One sample per replica and metric."""
-        gauges = {
+        gauges: dict[str, tuple[str, Callable[[Replica], float]]] = {
             "up": ("1 while the replica answers its health checks.", lambda r: r.healthy),
             "in_pool": ("1 while the replica takes new requests.", lambda r: r.in_pool),
             "running_requests": (
