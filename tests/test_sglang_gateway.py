@@ -142,6 +142,7 @@ def test_streaming_with_stop_matches_the_whole_reply(client: openai.OpenAI) -> N
     "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
 )
 def test_forced_tool_calls(client: openai.OpenAI, choice: Any) -> None:
+    # One call (greedy decoding would otherwise repeat calls until max_tokens).
     reply = chat(
         client,
         "Weather in Paris?",
@@ -150,6 +151,7 @@ def test_forced_tool_calls(client: openai.OpenAI, choice: Any) -> None:
         tool_choice=choice,
         max_tokens=40,
         temperature=0,
+        parallel_tool_calls=False,
     ).parse()
     call = reply.choices[0].message.tool_calls[0]
     assert reply.choices[0].finish_reason == "tool_calls"
@@ -178,7 +180,7 @@ def test_json_object_and_json_schema(client: openai.OpenAI) -> None:
     assert isinstance(data["name"], str) and isinstance(data["legs"], int)
     obj = chat(
         client,
-        "A dog as JSON.",
+        "Give me a JSON object.",
         "gw-json-2",
         response_format={"type": "json_object"},
         max_tokens=60,
@@ -191,7 +193,7 @@ def test_json_object_and_json_schema(client: openai.OpenAI) -> None:
 def test_multi_turn_session_extends_token_exactly(client: openai.OpenAI, rdb: redis.Redis) -> None:
     history: Any = [{"role": "user", "content": "Plan a trip."}]
     for turn in range(2):
-        raw = chat(client, "", "gw-session", messages=history, seed=2)
+        raw = chat(client, "", "gw-session", messages=history, temperature=0)
         assert raw.headers["x-turn-index"] == str(turn)
         history += [raw.parse().choices[0].message.model_dump(exclude_none=True),
                     {"role": "user", "content": "And then?"}]  # fmt: skip
@@ -283,5 +285,8 @@ def test_readyz_metrics_and_no_torch_in_the_gateway(gateway: ServerProcess) -> N
     for name in ("up", "in_pool", "running_requests", "policy_version"):
         assert metrics.count(f"liveloop_sglang_replica_{name}{{") == 2
     assert gateway.process is not None
-    maps = [Path(m.path).name for m in psutil.Process(gateway.process.pid).memory_maps()]
-    assert not [m for m in maps if "torch" in m], "the gateway process loaded torch"
+    maps = [m.path for m in psutil.Process(gateway.process.pid).memory_maps()]
+    assert any("tokenizers" in m for m in maps)  # the check sees the libraries it loads
+    assert not [m for m in maps if "torch" in Path(m).parts or "libtorch" in m], (
+        "the gateway process loaded torch"
+    )

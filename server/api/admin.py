@@ -35,7 +35,8 @@ async def get_weights(request: Request) -> dict[str, Any]:
     """The policy version served, the versions served before, and those refused.
 
     `refused`: checkpoints this server could not load; `rejected`: versions the promotion
-    gate refused (never served).
+    gate refused (never served). The engine's view comes with it (with SGLang: each
+    replica's version and state).
     """
     state = get_state(request)
     follower = state.follower
@@ -44,6 +45,7 @@ async def get_weights(request: Request) -> dict[str, Any]:
         "history": list(follower.history),
         "refused": list(follower.refused),
         "rejected": list(follower.rejected),
+        **state.engine.health(),
     }
 
 
