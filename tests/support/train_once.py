@@ -26,7 +26,16 @@ async def train_once(
     redis_url: str, data_dir: Path, model: str, samples: list[BatchSample]
 ) -> Path:
     """One update on `samples`; the checkpoint directory of the new version."""
-    trainer_cfg = {"lr": 1e-4, "max_updates": 1, "read_block_ms": 100}
+    # No promotion gate (its probe replies take minutes on CPU) and no reference model:
+    # the update itself is the trainer's ordinary one.
+    trainer_cfg = {
+        "lr": 1e-4,
+        "max_updates": 1,
+        "read_block_ms": 100,
+        "gate": {"enabled": False},
+        "kl_coef": 0.0,
+        "measure_drift": False,
+    }
     settings = load_settings(
         redis_url=redis_url, data_dir=data_dir, model=model, trainer=trainer_cfg
     )
