@@ -90,5 +90,5 @@ def test_sglang_engine_without_servers_is_refused(redis_url: str, tmp_path: Path
 def test_unreachable_sglang_servers_are_one_line(redis_url: str, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     args = ("--redis-url", redis_url, "--data-dir", str(tmp_path), "--model", "tiny-random")
-    proc = run_cli("serve", "--engine", "sglang", "--sglang-url", url, *args)
+    proc = run_cli("serve", "--engine", "sglang", "--sglang-url", url, "--port", "0", *args)
     assert_one_line_error(proc, f"no SGLang server answered at {url}")

@@ -26,7 +26,7 @@ from liveloop.server.engine import (
 )
 from liveloop.server.tools import ChatTemplate, parse_tool_calls
 from liveloop.server.tools.spec import OutputSpec, ToolSpec
-from liveloop.server.traces import CheckpointError
+from liveloop.weights import CheckpointError
 from tests.support.sglang import MODEL as SGLANG_MODEL
 
 pytest_plugins = ["tests.sglang_fixtures"]

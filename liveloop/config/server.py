@@ -58,7 +58,7 @@ class ServerConfig(Section):
         True, description="Follow liveloop:weights and hot-swap each new checkpoint."
     )
     sglang: SGLangConfig = Field(
-        default_factory=SGLangConfig,  # type: ignore[arg-type]
+        default_factory=SGLangConfig,
         description="The SGLang servers and how the gateway drives them (engine = 'sglang').",
     )
     session_ttl_s: int = Field(

@@ -97,7 +97,8 @@ class ConstraintCompiler:
 def json_schema_of(spec: OutputSpec) -> dict[str, Any]:
     """The JSON schema a "json" spec's output must match (any object when it names none)."""
     schema = spec.schema if spec.schema is not None else {"type": "object"}
-    return bounded_strings_as_patterns(schema)
+    bounded: dict[str, Any] = bounded_strings_as_patterns(schema)
+    return bounded
 
 
 def tool_calls_tag(spec: OutputSpec) -> dict[str, Any]:

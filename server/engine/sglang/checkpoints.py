@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from liveloop.server.traces.checkpoint import CheckpointError
+from liveloop.weights import CheckpointError
 
 INDEX_NAME = "model.safetensors.index.json"
 HEADER_LIMIT = 100 * 1024 * 1024

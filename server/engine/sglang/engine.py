@@ -15,6 +15,7 @@ model's limits come from its config files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -121,6 +122,7 @@ class SGLangEngine(EngineClient):
         self._pool: ReplicaPool | None = None
         self._updater: RollingUpdater | None = None
         self._tasks: dict[str, tuple[asyncio.Task[None], Generation]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._max_model_len = 0
 
     @classmethod
@@ -283,12 +285,24 @@ class SGLangEngine(EngineClient):
             resume_attempts=self.config.resume_attempts,
             base_version=self._updater.base_version,
         )
-        task = asyncio.get_running_loop().create_task(generation.run(), name=f"sglang-{rid}")
+        self._loop = asyncio.get_running_loop()
+        task = self._loop.create_task(generation.run(), name=f"sglang-{rid}")
         self._tasks[rid] = (task, generation)
         task.add_done_callback(lambda _t: self._tasks.pop(rid, None))
         return RequestStream(queue, lambda: self._cancel(rid))
 
     def _cancel(self, rid: str) -> None:
+        """Drop a request; safe from any thread (a stream may be collected anywhere)."""
+        loop = self._loop
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if not on_loop:
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing to drop
+                    loop.call_soon_threadsafe(self._cancel, rid)
+            return
         entry = self._tasks.pop(rid, None)
         if entry is None:
             return
@@ -301,7 +315,7 @@ class SGLangEngine(EngineClient):
     # ----------------------------------------------------------------- weights
     async def load_weights(self, path: str, version: int) -> float:
         """Validate the checkpoint here, then roll it across the replicas."""
-        from liveloop.server.traces.checkpoint import CheckpointError
+        from liveloop.weights import CheckpointError
 
         if self._updater is None or self._facts is None:
             raise EngineError("engine is not running")

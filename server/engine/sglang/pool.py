@@ -166,7 +166,13 @@ class ReplicaPool:
         replica.set_state("down", in_pool=False)
 
     async def check(self, replica: Replica) -> None:
-        """One health check; hands a replica that answers again to `on_recovered`."""
+        """One health check; hands a replica that answers again to `on_recovered`.
+
+        Skipped while the replica loads weights: a big checkpoint can keep it from
+        answering for longer than the failure budget, and the updater watches it then.
+        """
+        if replica.state == "updating":
+            return
         try:
             await replica.client.health(self.health_timeout_s)
         except ReplicaUnavailable as exc:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from liveloop.server.engine.sglang.client import ReplicaUnavailable, RequestRefused
 from liveloop.server.engine.sglang.pool import Replica, ReplicaPool, parse_version
-from liveloop.server.traces.checkpoint import CheckpointError
+from liveloop.weights import CheckpointError
 
 log = logging.getLogger(__name__)
 
