@@ -7,14 +7,16 @@ import logging
 import signal
 import threading
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from liveloop import bus
 from liveloop.collector.loop import Collector
 from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.versions import TrainerVersion
 from liveloop.config import LiveLoopSettings
+from liveloop.probes import LoopProbes
 from liveloop.registry import Registry
+from liveloop.streamstats import StreamStateCollector
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +68,13 @@ async def serve(settings: LiveLoopSettings, metrics: CollectorMetrics) -> None:
 def run(settings: LiveLoopSettings) -> None:
     """Collect until stopped."""
     metrics = CollectorMetrics(CollectorRegistry())
-    server = None
+    probes = LoopProbes(metrics.registry, settings.redis_url)
     if settings.metrics_port is not None:
-        server, _thread = start_http_server(
-            settings.metrics_port, addr=settings.host, registry=metrics.registry
-        )
-        log.info("collector metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+        if settings.redis_url:  # the bus's own state (lag, pending, dead letters) rides along
+            metrics.registry.register(StreamStateCollector(settings.redis_url))
+        probes.start(settings.metrics_port, settings.host)
     try:
+        probes.mark_ready()
         asyncio.run(serve(settings, metrics))
     finally:
-        if server is not None:
-            server.shutdown()
+        probes.stop()

@@ -13,7 +13,7 @@ import logging
 import signal
 from dataclasses import asdict, dataclass
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from liveloop import bus
 from liveloop.config import ConfigError, LiveLoopSettings
@@ -22,6 +22,7 @@ from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
 from liveloop.prm.replay import Replayer, ReplayStats
 from liveloop.prm.service import JudgeService
+from liveloop.probes import LoopProbes
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +58,21 @@ def run(settings: LiveLoopSettings, *, replay: ReplayOptions | None = None) -> N
     judges = load_judges(weights, settings)
     registry = CollectorRegistry()
     metrics = PrmMetrics(registry)
+    probes = LoopProbes(registry, settings.redis_url)
     if settings.metrics_port is not None:
-        start_http_server(settings.metrics_port, registry=registry)
+        probes.start(settings.metrics_port, settings.host)
     panel = JudgePanel(judges, metrics, timeout_s=settings.prm.judge_timeout_s)
-    if replay is not None:
-        stats = asyncio.run(_replay(settings.redis_url, panel, replay))
-        summary = asdict(stats)
-        summary["errors"] = summary["errors"][:5]
-        print(json.dumps({"replay": summary, "to_stream": bus.stream_key(replay.to_stream)}))
-    else:
-        asyncio.run(_serve(settings, panel, metrics))
+    try:
+        if replay is not None:
+            stats = asyncio.run(_replay(settings.redis_url, panel, replay))
+            summary = asdict(stats)
+            summary["errors"] = summary["errors"][:5]
+            print(json.dumps({"replay": summary, "to_stream": bus.stream_key(replay.to_stream)}))
+        else:
+            probes.mark_ready()
+            asyncio.run(_serve(settings, panel, metrics))
+    finally:
+        probes.stop()
 
 
 async def _close_judges(panel: JudgePanel) -> None:

@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from liveloop.config import LiveLoopSettings
+from liveloop.probes import LoopProbes
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.loop import Trainer
 from liveloop.trainer.metrics import TrainerMetrics
@@ -46,20 +47,17 @@ def run(settings: LiveLoopSettings) -> None:
     """Train until stopped (or `trainer.max_updates`), publishing a version per batch."""
     comm = Comm.from_environment(settings.trainer.device)
     metrics = TrainerMetrics(CollectorRegistry())
-    server = None
+    probes = LoopProbes(metrics.registry, settings.redis_url)
     if comm.is_main and settings.metrics_port is not None:
-        server, _thread = start_http_server(
-            settings.metrics_port, addr=settings.host, registry=metrics.registry
-        )
-        log.info("trainer metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+        probes.start(settings.metrics_port, settings.host)
     trainer = Trainer(settings, metrics=metrics, comm=comm)
     try:
+        probes.mark_ready()
         with stop_on_signals(trainer.stop):
             if comm.is_main:
                 asyncio.run(trainer.run())
             else:
                 trainer.follow()
     finally:
-        if server is not None:
-            server.shutdown()
+        probes.stop()
         comm.close()

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DELAY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 HISTORY_LIMIT = 100
 
 
@@ -62,6 +63,12 @@ class _FollowerMetrics:
             "liveloop_weight_load_seconds",
             "Time to read and validate a checkpoint off the serving path.",
             buckets=LOAD_BUCKETS,
+            registry=registry,
+        )
+        self.checkpoint_to_serving = Histogram(
+            "liveloop_weight_checkpoint_to_serving_seconds",
+            "Time from the trainer announcing a version to this replica serving it.",
+            buckets=DELAY_BUCKETS,
             registry=registry,
         )
 
@@ -204,18 +211,20 @@ class WeightFollower:
         if self._last_id is None:  # first connection: the newest announcements so far
             self._last_id, recent = await transport.updates(None, self.block_ms)
             self.connected = True
-            await self._consider(recent)
+            await self._consider(recent, live=False)
         self.connected = True
         while not self._stopping:
             self._last_id, announcements = await transport.updates(self._last_id, self.block_ms)
             if announcements:
                 await self._consider(announcements)
 
-    async def _consider(self, announced: list[WeightsAnnouncement]) -> None:
+    async def _consider(self, announced: list[WeightsAnnouncement], *, live: bool = True) -> None:
         """Load the newest announced version above the serving one (older ones as fallback).
 
         Versions the promotion gate rejected are never loaded; they are remembered (and
-        shown by GET /admin/weights) with the gate's reason.
+        shown by GET /admin/weights) with the gate's reason. `live`: announced while we
+        followed, so the announcement-to-serving delay is counted (a version found at
+        start-up may be hours old).
         """
         announcements: list[WeightsAnnouncement] = []
         for ann in announced:
@@ -231,6 +240,9 @@ class WeightFollower:
                 return
             try:
                 await self.load(ann.path, ann.version)
+                if live:
+                    delay = max(0.0, time.time() - ann.created_at)
+                    self.metrics.checkpoint_to_serving.observe(delay)
                 return
             except CheckpointError:
                 continue  # already logged and counted; try the next newest
