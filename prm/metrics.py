@@ -7,6 +7,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 SCORE_BUCKETS = (-1.0, -0.75, -0.5, -0.25, -0.001, 0.001, 0.25, 0.5, 0.75, 1.0)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SHARE_BUCKETS = (0.0, 0.1, 0.2, 0.34, 0.5, 0.67, 0.8, 1.0)
+TURN_OUTCOMES = ("scored", "side", "unscored", "duplicate", "missing", "dead_letter")
+SIGNALS = ("next_turn", "feedback", "timeout")
+FEEDBACK_OUTCOMES = ("paired", "stored", "late")
 
 
 class PrmMetrics:
@@ -22,6 +25,14 @@ class PrmMetrics:
         self.registry = registry
         self._judge_metrics(registry)
         self._stream_metrics(registry)
+        # Known label values are exported at 0 from the start (rate() shows 0, not no data).
+        for labelled, values in (
+            (self.turns, TURN_OUTCOMES),
+            (self.scored, SIGNALS),
+            (self.feedback, FEEDBACK_OUTCOMES),
+        ):
+            for value in values:
+                labelled.labels(value)
 
     def _judge_metrics(self, registry: CollectorRegistry) -> None:
         self.judge_latency = Histogram(

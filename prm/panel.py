@@ -41,6 +41,8 @@ class JudgePanel:
         self._latency = {j.name: metrics.judge_latency.labels(j.name) for j, _ in judges}
         self._scores = {j.name: metrics.judge_score.labels(j.name) for j, _ in judges}
         self._final = metrics.judge_score.labels("final")
+        for judge, _ in judges:  # each judge's failure count is exported from the start, at 0
+            metrics.judge_failures.labels(judge.name)
 
     @property
     def inline(self) -> bool:

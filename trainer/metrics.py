@@ -9,6 +9,7 @@ from liveloop.trainer.probes import ProbeResult
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
+DROP_REASONS = ("stale", "invalid", "duplicate_batch")
 
 
 class TrainerMetrics:
@@ -41,6 +42,8 @@ class TrainerMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in DROP_REASONS:  # exported at 0 from the start (rate() shows 0, not no data)
+            self.dropped.labels(reason)
         self.staleness = Histogram(
             "liveloop_trainer_staleness",
             "Versions between a trained sample's oldest token and the trainer.",
