@@ -55,7 +55,7 @@ pytest: $(STAMP) tools
 # with debootstrap, the images built, the stack up, traffic, teardown (see README).
 deploy-tools:
 	@bash deploy/tools/install-debian.sh dockerd docker.io debootstrap debootstrap \
-		iptables iptables
+		iptables iptables nft nftables
 test-deploy: $(STAMP) deploy-tools
 	LIVELOOP_TEST_DEPLOY=1 $(BIN)/pytest -q -s tests/test_compose_deploy.py $(PYTEST_ARGS)
 

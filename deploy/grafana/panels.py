@@ -80,8 +80,24 @@ def by_stream_group(metric: str) -> Query:
 P = PanelSpec
 SERVE_UP = 'up{job="liveloop-serve"}'
 REFUSED = 'sum by (instance) (increase(liveloop_weight_swaps_total{outcome="refused"}[$__range]))'
-FINAL_SCORE = ('liveloop_prm_judge_score_sum{judge="final"}',
-               'liveloop_prm_judge_score_count{judge="final"}')  # fmt: skip
+
+
+# Score histograms have negative buckets, so the Prometheus client exports no _sum for
+# them: verdicts are read from the buckets (le="-0.001": negative, le="0.001": not positive).
+def _final(suffix: str, le: str = "") -> str:
+    labels = f'judge="final", le="{le}"' if le else 'judge="final"'
+    return f"sum(rate(liveloop_prm_judge_score_{suffix}{{{labels}}}{RATE}))"
+
+
+JUDGED_MEDIAN = (
+    "histogram_quantile(0.5, sum by (le) "
+    f'(rate(liveloop_prm_judge_score_bucket{{judge="final"}}{RATE})))'
+)
+VERDICTS = [
+    (f"{_final('count')} - {_final('bucket', '0.001')}", "positive"),
+    (f"{_final('bucket', '0.001')} - {_final('bucket', '-0.001')}", "neutral"),
+    (_final("bucket", "-0.001"), "negative"),
+]
 REWARD = ("liveloop_collector_reward_sum", "liveloop_collector_reward_count")
 
 # fmt: off
@@ -157,10 +173,10 @@ PIPELINE = DashboardSpec(
         RowSpec("Judging", [
             P("Judge latency", "Time one judge takes for one turn.",
               quantiles("liveloop_prm_judge_latency_seconds", "judge", (0.5, 0.99)), unit="s"),
-            P("Mean verdict by judge", "Mean score each judge gives ('final' is the combined "
-              "score written to liveloop:scored).",
-              [(ratio("liveloop_prm_judge_score_sum", "liveloop_prm_judge_score_count", "judge"),
-                "{{judge}}")]),
+            P("Verdicts", "Combined scores written to liveloop:scored per second: positive, "
+              "neutral (|score| < 0.001) and negative.", VERDICTS, unit="ops"),
+            P("Median score by judge", "Median score each judge gives ('final' is the combined "
+              "score).", quantiles("liveloop_prm_judge_score", "judge", (0.5,))),
             P("Turns by outcome", "What happened to consumed turns: scored, side, unscored, "
               "duplicate, missing, dead_letter.", [rate_by("liveloop_prm_turns_total", "outcome")],
               unit="ops"),
@@ -197,8 +213,10 @@ LEARNING = DashboardSpec(
               "produced most of their tokens.",
               [("sum by (version) (liveloop_collector_reward_sum) / sum by (version) "
                 "(liveloop_collector_reward_count)", "v{{version}}")], kind="bargauge", width=12),
-            P("Reward over time", "Mean score of collected turns and of judged turns.",
-              [(ratio(*REWARD), "collected"), (ratio(*FINAL_SCORE), "judged")], width=12),
+            P("Reward over time", "Mean score of collected turns, and the median combined "
+              "score of judged turns.",
+              [(ratio(*REWARD), "collected mean"),
+               (JUDGED_MEDIAN, "judged median")], width=12),
             P("Policy version", "The trainer's newest version, and updates per minute.",
               [("max(liveloop_trainer_version)", "version"),
                (f"sum(rate(liveloop_trainer_updates_total{RATE})) * 60", "updates / min")]),
