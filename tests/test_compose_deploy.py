@@ -32,9 +32,12 @@ from liveloop.valkey import free_port
 from tests.docker_host import DockerDaemon, HostNetwork, running_docker
 from tests.ops_tools import REPO_ROOT, tool
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("LIVELOOP_TEST_DEPLOY"), reason="runs under `make test-deploy`"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not os.environ.get("LIVELOOP_TEST_DEPLOY"), reason="runs under `make test-deploy`"
+    ),
+    pytest.mark.timeout(3600),  # building the images alone takes 10-15 minutes on 2 cores
+]
 SERVICES = ["valkey", "postgres", "prometheus", "serve", "judge", "collect", "train"]
 TEST_CONFIG = """
 [prm]
