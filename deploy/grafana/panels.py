@@ -77,6 +77,12 @@ def by_stream_group(metric: str) -> Query:
     return f"max by (stream, group) ({metric})", "{{stream}} / {{group}}"
 
 
+def quality(measure: str, prefix: str = "") -> Query:
+    """One measure of `liveloop_quality` per policy version (the trainer exports the newest)."""
+    legend = f"{prefix} v{{{{version}}}}" if prefix else "v{{version}}"
+    return f'max by (version) (liveloop_quality{{measure="{measure}"}})', legend
+
+
 P = PanelSpec
 SERVE_UP = 'up{job="liveloop-serve"}'
 REFUSED = 'sum by (instance) (increase(liveloop_weight_swaps_total{outcome="refused"}[$__range]))'
@@ -98,7 +104,6 @@ VERDICTS = [
     (f"{_final('bucket', '0.001')} - {_final('bucket', '-0.001')}", "neutral"),
     (_final("bucket", "-0.001"), "negative"),
 ]
-REWARD = ("liveloop_collector_reward_sum", "liveloop_collector_reward_count")
 
 # fmt: off
 SERVING = DashboardSpec(
@@ -213,10 +218,11 @@ LEARNING = DashboardSpec(
               "produced most of their tokens.",
               [("sum by (version) (liveloop_collector_reward_sum) / sum by (version) "
                 "(liveloop_collector_reward_count)", "v{{version}}")], kind="bargauge", width=12),
-            P("Reward over time", "Mean score of collected turns, and the median combined "
-              "score of judged turns.",
-              [(ratio(*REWARD), "collected mean"),
-               (JUDGED_MEDIAN, "judged median")], width=12),
+            P("Reward over time", "Median combined score of judged turns, and the share of "
+              "them judged positive.",
+              [(JUDGED_MEDIAN, "judged median"),
+               (f'({_final("count")} - {_final("bucket", "0.001")}) / {_final("count")}',
+                "positive share")], width=12),
             P("Policy version", "The trainer's newest version, and updates per minute.",
               [("max(liveloop_trainer_version)", "version"),
                (f"sum(rate(liveloop_trainer_updates_total{RATE})) * 60", "updates / min")]),
@@ -253,6 +259,26 @@ LEARNING = DashboardSpec(
                 "collector {{reason}}")], unit="ops"),
             P("Batch wait in the trainer", "Batch creation to the start of its update.",
               quantiles("liveloop_trainer_batch_wait_seconds", qs=(0.5, 0.99)), unit="s"),
+        ]),
+        RowSpec("Quality on served traffic and the promotion gate", [
+            P("Served reward per version", "Mean judged reward of the turns each version "
+              "served (the newest versions).", [quality("mean_reward")], kind="bargauge"),
+            P("Reference NLL and KL per version", "Reference model's NLL per token of each "
+              "version's replies, and k3 KL to the reference: drift away from fluent text.",
+              [quality("ref_nll", "NLL"), quality("kl_ref", "KL")], kind="bargauge"),
+            P("Reply length and diversity per version", "Mean reply words and distinct-2; "
+              "collapsing diversity or exploding length are reward hacking.",
+              [quality("mean_reply_words", "words"), quality("distinct_2", "distinct-2")],
+              kind="bargauge"),
+            P("Unscored share per version", "Share of each version's turns no judge could "
+              "score.", [quality("unscored_share")], kind="bargauge", unit="percentunit"),
+            P("Promotion gate verdicts", "Candidate versions the gate accepted or rejected "
+              "in the time range (rejected versions are never served).",
+              [("sum by (outcome) (increase(liveloop_gate_verdicts_total[$__range]))",
+                "{{outcome}}")], kind="stat"),
+            P("Last candidate's probe", "The gate's measures of the last candidate (reward, "
+              "reference NLL, KL, topic rate, words).",
+              [("max by (measure) (liveloop_gate_probe)", "{{measure}}")], kind="bargauge"),
         ]),
     ],
 )
