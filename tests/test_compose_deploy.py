@@ -193,6 +193,11 @@ def test_compose_stack_learns_and_is_scraped(deployment: Compose) -> None:
 
     jobs = {f"liveloop-{loop}" for loop in ("serve", "judge", "collect", "train")}
     wait_until(lambda: scraped() == jobs, 120, "Prometheus scraping the four loops")
-    served = httpx.get(prometheus, params={"query": "max(liveloop_policy_version)"}).json()
-    assert float(served["data"]["result"][0]["value"][1]) >= 1
+
+    def scraped_version() -> float:
+        query = {"query": "max(liveloop_policy_version)"}
+        result = httpx.get(prometheus, params=query, timeout=5).json()["data"]["result"]
+        return float(result[0]["value"][1]) if result else 0.0
+
+    wait_until(lambda: scraped_version() >= 1, 120, "Prometheus seeing the new version")
     step("checks done", started)
