@@ -44,6 +44,23 @@ class ServerConfig(Section):
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="Request body size limit; larger bodies get 413."
     )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers); larger ones get 431.",
+    )
+    request_read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A request (head and body) must arrive within this many seconds of its "
+        "first byte (of the connection, for the first one); a head that does not gets 408.",
+    )
+    write_stall_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A response whose writes stay blocked this long (the client stopped "
+        "reading) is aborted, which cancels the request and frees its engine slot.",
+    )
     trace_capture: bool = Field(
         True, description="Record turns to liveloop:turns (admins can pause/resume at run time)."
     )
