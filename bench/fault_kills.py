@@ -57,6 +57,7 @@ CONFIG: dict[str, Any] = {
         "read_block_ms": 200,
         "keep_checkpoints": 3,
         "minibatches": 1,
+        "gate": {"enabled": False},  # the promotion gate's probes are not under test here
     },
     "server": {"default_max_tokens": 8},
 }

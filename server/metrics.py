@@ -90,6 +90,14 @@ class ServerMetrics:
         )
         for reason in ("read_timeout", "header_too_large", "write_stall"):
             self.connections_closed.labels(reason)
+        self.limited = Counter(
+            "liveloop_requests_limited",
+            "Requests refused with 429 by a key's limits: rate or concurrency.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("rate", "concurrency"):
+            self.limited.labels(reason)
 
     def bind(
         self,
