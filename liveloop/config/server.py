@@ -87,7 +87,7 @@ class ServerConfig(Section):
         "reading) is aborted, which cancels the request and frees its engine slot.",
     )
     limits: KeyLimits = Field(
-        default_factory=KeyLimits,  # type: ignore[arg-type]
+        default_factory=KeyLimits,
         description="Limits of every API key; over one, a request gets 429 with Retry-After.",
     )
     key_limits: dict[str, KeyLimits] = Field(
