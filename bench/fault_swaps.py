@@ -2,9 +2,10 @@
 
 Why: agents must never see an error or a token from an older policy after a newer one
 because the trainer published weights, and a bad checkpoint must never reach the engine.
-`run_swaps_under_load` starts the server, opens `streams` concurrent streaming requests and,
-while they run, announces `swaps` perturbed checkpoints on `liveloop:weights` with corrupt
-ones in between (truncated file, wrong shapes, NaNs, missing file). It counts failed
+`run_swaps_under_load` starts the server, keeps `streams` streaming requests open at once
+(each client starts its next stream when one ends) and, meanwhile, announces `swaps`
+perturbed checkpoints on `liveloop:weights` with corrupt ones in between (truncated file,
+wrong shapes, NaNs, missing file), each once the server dealt with the one before. It counts failed
 requests, records whose per-token versions go backwards, records that span a swap, and the
 refusals as the server reports them on `/admin/weights` and `/metrics`.
 """
@@ -80,17 +81,24 @@ async def _stream(client: httpx.AsyncClient, i: int, max_tokens: int) -> dict[st
     started = time.perf_counter()
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            text = "".join([line async for line in response.aiter_lines()])
-            ok = response.status_code == 200 and "data: [DONE]" in text and '"error"' not in text
-            return {
-                "ok": ok,
-                "status": response.status_code,
-                "session": response.headers.get("x-session-id"),
-                "seconds": time.perf_counter() - started,
-                "ended": time.perf_counter(),
-            }
+            lines = [line async for line in response.aiter_lines()]
     except httpx.HTTPError as exc:
-        return {"ok": False, "status": 0, "error": repr(exc), "ended": time.perf_counter()}
+        return {"ok": False, "status": 0, "error": repr(exc)}
+    errors = [e for e in (_event(line) for line in lines) if isinstance(e, dict) and "error" in e]
+    done = "data: [DONE]" in lines
+    return {
+        "ok": response.status_code == 200 and done and not errors,
+        "status": response.status_code,
+        "error": (errors[0]["error"] if errors else None) or (None if done else "no [DONE]"),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _event(line: str) -> Any:
+    """The JSON of an SSE data line (None for other lines and [DONE])."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    return json.loads(line[len("data: ") :])
 
 
 async def _considered(http: httpx.AsyncClient) -> float:
@@ -131,14 +139,31 @@ async def _drive(
     plan: list[str],
     paths: dict[str, Path],
     gap_s: float,
-) -> tuple[list[dict[str, Any]], float]:
-    """Every stream's outcome, and when the last announcement had been dealt with."""
+) -> tuple[list[dict[str, Any]], int]:
+    """`streams` clients each streaming one request after another until every announcement
+    has been dealt with: every outcome, and how many streams were open at that moment."""
     limits = httpx.Limits(max_connections=streams + 8)
-    async with httpx.AsyncClient(base_url=fleet.base_url, timeout=300, limits=limits) as client:
-        tasks = [asyncio.create_task(_stream(client, i, max_tokens)) for i in range(streams)]
-        await _announce(fleet.redis_url, client, plan, paths, gap_s)
-        last_swap = time.perf_counter()
-        return list(await asyncio.gather(*tasks)), last_swap
+    done = asyncio.Event()
+    results: list[dict[str, Any]] = []
+    open_streams = [0]
+
+    async def client_loop(http: httpx.AsyncClient, i: int) -> None:
+        n = 0
+        while not done.is_set():
+            open_streams[0] += 1
+            try:
+                results.append(await _stream(http, i * 1000 + n, max_tokens))
+            finally:
+                open_streams[0] -= 1
+            n += 1
+
+    async with httpx.AsyncClient(base_url=fleet.base_url, timeout=300, limits=limits) as http:
+        tasks = [asyncio.create_task(client_loop(http, i)) for i in range(streams)]
+        await _announce(fleet.redis_url, http, plan, paths, gap_s)
+        open_at_last_swap = open_streams[0]
+        done.set()
+        await asyncio.gather(*tasks)
+    return results, open_at_last_swap
 
 
 def run_swaps_under_load(
@@ -150,7 +175,7 @@ def run_swaps_under_load(
     fleet = Fleet(root, env={"LIVELOOP_ADMIN_KEY": ADMIN_KEY}, loops=("serve",))
     fleet.start()
     try:
-        results, last_swap = asyncio.run(_drive(fleet, streams, max_tokens, plan, paths, gap_s))
+        results, open_at_last = asyncio.run(_drive(fleet, streams, max_tokens, plan, paths, gap_s))
         served_version = _wait_version(fleet, len(plan), 30.0)
         admin = httpx.get(
             fleet.base_url + "/admin/weights",
@@ -160,7 +185,7 @@ def run_swaps_under_load(
         text = httpx.get(fleet.base_url + "/metrics", timeout=10).text
         client = redis.Redis.from_url(fleet.redis_url, decode_responses=True)
         try:
-            _wait_records(client, streams, 30.0)
+            _wait_records(client, len(results), 30.0)
             records = [json.loads(f["data"]) for f in entries(client, "turns")]
         finally:
             client.close()
@@ -170,8 +195,10 @@ def run_swaps_under_load(
     refused_names = [Path(r["path"]).name for r in admin.get("refused", [])]
     return {
         "scenario": "swaps_under_load",
-        "streams": streams,
+        "concurrent_streams": streams,
+        "requests": len(results),
         "failed": sum(1 for r in results if not r["ok"]),
+        "failures": [(r["status"], r["error"]) for r in results if not r["ok"]][:5],
         "announced": len(plan),
         "swaps_ok": metric(text, 'liveloop_weight_swaps_total{outcome="ok"}'),
         "refused": metric(text, 'liveloop_weight_swaps_total{outcome="refused"}'),
@@ -183,7 +210,7 @@ def run_swaps_under_load(
             1 for v in versions if any(b < a for a, b in itertools.pairwise(v))
         ),
         "records_spanning_a_swap": sum(1 for v in versions if len(set(v)) > 1),
-        "streams_open_at_last_swap": streams - sum(1 for r in results if r["ended"] < last_swap),
+        "streams_open_at_last_swap": open_at_last,
         "distinct_versions_served": len({x for v in versions for x in v}),
     }
 

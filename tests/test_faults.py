@@ -82,7 +82,7 @@ def test_redis_outage_back_from_aof_and_back_empty(tmp_path: Path) -> None:
 def test_200_streams_across_10_swaps_and_4_corrupt_checkpoints(tmp_path: Path) -> None:
     r = run_swaps_under_load(tmp_path, streams=200, swaps=10, max_tokens=48)
     print(r)
-    assert r["failed"] == 0 and r["records"] == 200, r
+    assert r["failed"] == 0 and r["records"] == r["requests"] >= 200, r
     assert (r["swaps_ok"], r["refused"], r["refused_in_admin"]) == (10, 4, 4), r
     assert sorted(r["refusals_listed"]) == [
         "model.safetensors",  # the missing file
@@ -92,7 +92,8 @@ def test_200_streams_across_10_swaps_and_4_corrupt_checkpoints(tmp_path: Path) -
     ]
     assert r["served_version_after"] == 14, r
     assert r["records_versions_backwards"] == 0, r
-    assert r["records_spanning_a_swap"] > 0 and r["streams_open_at_last_swap"] > 0, r
+    assert r["records_spanning_a_swap"] > 0, r
+    assert r["streams_open_at_last_swap"] == 200, r  # every swap happened under full load
 
 
 def test_slow_and_broken_clients_are_bounded(tmp_path: Path) -> None:
