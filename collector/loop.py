@@ -14,11 +14,13 @@ that moved them and read back at start, so a restarted collector goes on from th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 from pydantic import ValidationError
 
@@ -34,6 +36,9 @@ from liveloop.contracts import ScoredTurn
 
 log = logging.getLogger(__name__)
 
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 10.0
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 IDLE_BLOCK_MS = 1000
 BUSY_BLOCK_MS = 100
 
@@ -82,6 +87,7 @@ class Collector:
         self.held = self.consumer.in_flight  # entries held until their batch is published
         self._held_keys: set[str] = set()
         self._stop = threading.Event()
+        self._started = False
 
     def stop(self) -> None:
         """Finish after the current step; held turns stay pending and come back on restart."""
@@ -99,10 +105,31 @@ class Collector:
         self.metrics.trainer_version.set(await self.versions.current(force=True))
 
     async def run(self) -> None:
-        """Step until `stop()`."""
-        await self.start()
+        """Step until `stop()`; a Redis outage is waited out (with backoff), not fatal."""
+        pause = RETRY_INITIAL_S
         while not self._stop.is_set():
-            await self.step()
+            try:
+                if not self._started:
+                    await self.start()
+                    self._started = True
+                await self.step()
+                pause = RETRY_INITIAL_S
+            except REDIS_ERRORS as exc:
+                log.warning("Redis unavailable (%s); retrying in %.1fs", exc, pause)
+                self._forget_held()
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX_S)
+
+    def _forget_held(self) -> None:
+        """Drop what is held in memory after a failed step, as a restart would: the held
+        turns are still pending in the group and come back (re-read from the start of our
+        pending list); those already in a published batch are then acknowledged as such."""
+        self.groups = GroupAssembler(self.cfg.group_wait_s)
+        self.ready = []
+        self.held.clear()
+        self._held_keys.clear()
+        self._started = False
+        self.consumer.restart()
 
     async def step(self, block_ms: int | None = None) -> None:
         """Read what arrived, close due groups, publish the batches that are ready."""

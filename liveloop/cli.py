@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo": "`up` plus simulated users, ending with a report",
         "eval": "quality of every policy version; held-out users against one, not recorded",
         "redis": "run the embedded Valkey in the foreground",
+        "key-id": "print the key id (tenant) of each API key read from standard input",
     }
     cmds = {name: sub.add_parser(name, help=text, description=text) for name, text in helps.items()}
     for p in cmds.values():
@@ -201,6 +202,16 @@ def _run_redis(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
             pass
 
 
+def _run_key_id(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
+    """Key ids for `server.key_limits` and for finding a key's turns (keys come on stdin,
+    one a line, so they stay out of the shell history and the process list)."""
+    from liveloop.config import tenant_id
+
+    for line in sys.stdin:
+        if line.strip():
+            print(tenant_id(line.strip()))
+
+
 COMMANDS: dict[str, Callable[[LiveLoopSettings, argparse.Namespace], None]] = {
     "up": _run_up,
     "serve": _run_serve,
@@ -210,6 +221,7 @@ COMMANDS: dict[str, Callable[[LiveLoopSettings, argparse.Namespace], None]] = {
     "demo": _run_demo,
     "eval": _run_eval,
     "redis": _run_redis,
+    "key-id": _run_key_id,
 }
 
 

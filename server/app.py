@@ -29,7 +29,8 @@ from liveloop.server.api.chat import api_router as chat_router
 from liveloop.server.api.chat.fast_path import ChatFastPath
 from liveloop.server.api.chat.serving import ChatService
 from liveloop.server.api.errors import install_error_handlers
-from liveloop.server.auth import Authenticator, BodySizeLimit
+from liveloop.server.auth import Authenticator, BodySizeLimit, token_of_header
+from liveloop.server.limits import TenantLimiter, TenantLimits
 from liveloop.server.metrics import ServerMetrics
 from liveloop.server.sessions import SessionStore
 
@@ -214,6 +215,12 @@ def create_app(
     app.add_middleware(ChatFastPath, state=state, on_error=metrics.error)  # innermost
     app.add_middleware(PolicyVersionHeader, state=state)
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
+    app.add_middleware(  # outermost: a request over its key's limits is refused first
+        TenantLimits,
+        limiter=TenantLimiter(settings.server.limits, settings.server.key_limits),
+        tenant_of=lambda header: state.auth.find(token_of_header(header)),
+        on_limit=lambda reason: metrics.limited.labels(reason).inc(),
+    )
     for router in (chat_router.router, models.router, feedback.router, admin.router, health.router):
         app.include_router(router)
     return app

@@ -7,6 +7,7 @@ Redis is unreachable, the model cannot be loaded.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from typing import Any
@@ -64,6 +65,20 @@ def check_sglang_urls(urls: list[str], timeout_s: float = 5.0) -> None:
     raise ConnectionError(f"no SGLang server answered at {', '.join(urls)}")
 
 
+def _protocol(settings: LiveLoopSettings, app: Any) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with the server's connection limits (see http_guard)."""
+    from liveloop.server.http_guard import guarded_protocol
+
+    cfg = settings.server
+    closed = app.state.liveloop.metrics.connections_closed
+    return guarded_protocol(
+        max_header_bytes=cfg.max_header_bytes,
+        read_timeout_s=cfg.request_read_timeout_s,
+        write_stall_timeout_s=cfg.write_stall_timeout_s,
+        on_close=lambda reason: closed.labels(reason).inc(),
+    )
+
+
 def run(settings: LiveLoopSettings) -> None:
     """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError."""
     if settings.redis_url is None:
@@ -85,6 +100,7 @@ def run(settings: LiveLoopSettings) -> None:
         app = create_app(settings, **_engine_or_model(settings))
         config = uvicorn.Config(
             app,
+            http=_protocol(settings, app),
             log_config=None,
             access_log=False,
             lifespan="on",

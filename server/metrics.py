@@ -81,6 +81,23 @@ class ServerMetrics:
         self.capture = Gauge(
             "liveloop_trace_capture_enabled", "1 while turns are recorded.", registry=registry
         )
+        self.connections_closed = Counter(
+            "liveloop_http_connections_closed",
+            "Connections the server closed on a limit: read_timeout (request not received "
+            "in time), header_too_large, write_stall (the client stopped reading).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("read_timeout", "header_too_large", "write_stall"):
+            self.connections_closed.labels(reason)
+        self.limited = Counter(
+            "liveloop_requests_limited",
+            "Requests refused with 429 by a key's limits: rate or concurrency.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("rate", "concurrency"):
+            self.limited.labels(reason)
 
     def bind(
         self,

@@ -1,12 +1,14 @@
 """Pytest plugin of the server tests: one real server subprocess shared by the whole session.
 
 Test modules load it with `pytest_plugins = ["tests.server_fixtures"]`. The server runs
-`liveloop serve --model tiny-random` with two API keys and an admin key against the test
+`liveloop serve --model tiny-random` with API keys (two plain ones, and two with tight
+limits for the limit tests) and an admin key against the test
 Valkey (its own logical database), so tests can read what it wrote with XRANGE.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,8 +16,9 @@ import openai
 import pytest
 import redis
 
+from liveloop.config import tenant_id
 from liveloop.valkey import EmbeddedValkey
-from tests.server_proc import ADMIN_KEY, API_KEYS, ServerProcess, db_url
+from tests.server_proc import ADMIN_KEY, API_KEYS, BUSY_KEY, RATE_KEY, ServerProcess, db_url
 
 SERVER_DB = 9
 
@@ -29,7 +32,15 @@ def liveloop_server(
     client = redis.Redis.from_url(url)
     client.flushdb()
     client.close()
-    env = {"LIVELOOP_API_KEYS": ",".join(API_KEYS), "LIVELOOP_ADMIN_KEY": ADMIN_KEY}
+    limits = {
+        tenant_id(RATE_KEY): {"requests_per_minute": 6, "burst": 2},
+        tenant_id(BUSY_KEY): {"concurrent_requests": 1},
+    }
+    env = {
+        "LIVELOOP_API_KEYS": ",".join([*API_KEYS, RATE_KEY, BUSY_KEY]),
+        "LIVELOOP_ADMIN_KEY": ADMIN_KEY,
+        "LIVELOOP_SERVER__KEY_LIMITS": json.dumps(limits),
+    }
     server = ServerProcess(url, tmp_path_factory.mktemp("server"), env=env)
     server.start()
     yield server

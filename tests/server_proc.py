@@ -25,6 +25,8 @@ from liveloop.valkey import free_port
 REPO_ROOT = Path(__file__).resolve().parent.parent
 API_KEYS = ("sk-test-alpha", "sk-test-beta")
 ADMIN_KEY = "sk-test-admin"
+RATE_KEY = "sk-test-rate-limited"  # 6 requests a minute, a burst of 2
+BUSY_KEY = "sk-test-one-at-a-time"  # one request in flight at once
 
 
 class ServerProcess:

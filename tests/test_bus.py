@@ -139,3 +139,18 @@ async def test_decode_entries_skips_malformed_entries(aredis_client: aredis.Redi
     await bus.publish(aredis_client, "feedback", fb(2))
     entries = await aredis_client.xrange("liveloop:feedback")
     assert [f.session_id for f in bus.decode_entries(entries, Feedback)] == ["s1", "s2"]
+
+
+async def test_a_group_lost_with_redis_data_is_created_again(aredis_client: aredis.Redis) -> None:
+    consumer = bus.StreamConsumer(aredis_client, "feedback", "g", "a")
+    await consumer.ensure_group()
+    await bus.publish(aredis_client, "feedback", fb(0))
+    assert len(await consumer.read(block_ms=100)) == 1
+    await aredis_client.flushdb()  # Redis restarted without its data
+    assert await consumer.lag() == (0, 0)  # no stream: nothing to report, no error
+    assert await consumer.read(block_ms=100) == []  # the group is created again
+    await bus.publish(aredis_client, "feedback", fb(1))
+    got = await consumer.read(block_ms=100)
+    assert [e.parse(Feedback).session_id for e in got] == ["s1"]
+    groups = await aredis_client.xinfo_groups("liveloop:feedback")
+    assert [g["name"] for g in groups] == ["g"]

@@ -2,7 +2,8 @@
 
 Every operation gets a bounded number of generated cases, valid (positive) and invalid
 (negative) ones, sent to the real server subprocess. (schemathesis' pytest integration,
-`from_fixture`, does not run on this pytest, so the cases are drawn with hypothesis here.)
+`from_fixture`, does not run on this pytest, so the cases are drawn with hypothesis, by
+`bench/fuzz.py`, which runs the same with a larger budget.)
 """
 
 from __future__ import annotations
@@ -12,60 +13,19 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
 
+from bench.fuzz import fuzz_operation
 from tests.server_proc import ADMIN_KEY, API_KEYS
 
 pytest_plugins = ["tests.server_fixtures"]
 
-MAX_EXAMPLES = 25
-
-
-def _bound(case: Any) -> None:
-    """Keep generation cheap (at most 4 tokens, 2 samples) and name the served model.
-
-    Unknown model names are tested elsewhere; here the fuzzer should reach generation.
-    """
-    if not isinstance(case.body, dict):
-        return
-    for key, cap in (("max_tokens", 4), ("max_completion_tokens", 4), ("n", 2)):
-        value = case.body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
-            case.body[key] = cap
-    if "messages" in case.body:
-        case.body["model"] = "tiny-random"
-    if "messages" in case.body and "max_tokens" not in case.body:
-        case.body["max_tokens"] = 4
+MAX_EXAMPLES = 25  # bench/fuzz.py runs the same with a larger budget
 
 
 def _fuzz(operation: Any, mode: GenerationMode, server_url: str, statuses: dict[int, int]) -> None:
     key = ADMIN_KEY if operation.path.startswith("/admin") else API_KEYS[0]
-
-    @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        database=None,
-    )
-    def run(case: Any) -> None:
-        _bound(case)
-        response = case.call_and_validate(
-            base_url=server_url,
-            headers={"Authorization": f"Bearer {key}"},
-            checks=[not_a_server_error],
-            timeout=60,
-        )
-        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-
-    try:
-        run()
-    except Unsatisfiable:  # no invalid variant exists (e.g. GET /healthz takes no input)
-        if mode is not GenerationMode.NEGATIVE:
-            raise
+    fuzz_operation(operation, mode, server_url, statuses, key=key, max_examples=MAX_EXAMPLES)
 
 
 @pytest.mark.slow

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import redis
+import redis.asyncio as aredis
+
 from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
@@ -42,6 +45,10 @@ from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch
 from liveloop.weights import setup_weight_transport
 
 log = logging.getLogger(__name__)
+
+RETRY_INITIAL_S = 1.0
+RETRY_MAX_S = 15.0
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 @dataclass
@@ -168,23 +175,13 @@ class Trainer:
         client = await bus.connect(self._redis_url())
         registry = await asyncio.to_thread(Registry.open, self.settings.effective_db_url)
         run_id = await asyncio.to_thread(registry.start_run, "train", self._run_config())
-        transport = setup_weight_transport(self.settings.checkpoints_dir, client)
-        publisher = Publisher(transport, registry, run_id)
-        source = BatchSource(
-            client,
-            self.settings.data_dir,
-            consumer=self.cfg.consumer_name,
-            claim_idle_ms=self.cfg.claim_idle_ms,
-        )
         self.quality = QualityStore(client)
         reporter = QualityReporter(self.quality, registry, self.metrics.registry)
         reporting = asyncio.create_task(reporter.run(self.cfg.quality_interval_s))
         status = "failed"
         try:
-            await source.start()
             await self._start_gate(registry)
-            await self._reconcile(publisher)
-            await self._lead(source, publisher)
+            await self._lead_through_outages(client, registry, run_id)
             status = "finished"
         finally:
             reporting.cancel()
@@ -204,6 +201,38 @@ class Trainer:
         await asyncio.to_thread(
             registry.record_version_quality, 0, probe=self.gate.version0.model_dump()
         )
+
+    async def _lead_through_outages(
+        self, client: aredis.Redis, registry: Registry, run_id: int | None
+    ) -> None:
+        """Lead until stopped; a Redis outage is waited out (with backoff), not fatal.
+
+        After one, the weights and state are reloaded from the newest checkpoint: an update
+        may have run whose version was never announced nor its batch acknowledged, and
+        the batch, delivered again, must not be applied on top of it a second time.
+        """
+        pause = RETRY_INITIAL_S
+        transport = setup_weight_transport(self.settings.checkpoints_dir, client)
+        while True:
+            publisher = Publisher(transport, registry, run_id)
+            source = BatchSource(
+                client,
+                self.settings.data_dir,
+                consumer=self.cfg.consumer_name,
+                claim_idle_ms=self.cfg.claim_idle_ms,
+            )
+            try:
+                await source.start()
+                await self._reconcile(publisher)
+                await self._lead(source, publisher)
+                return
+            except REDIS_ERRORS as exc:
+                if self.comm.world > 1:  # the followers cannot reload with us: end the run
+                    raise
+                log.warning("Redis unavailable (%s); resuming in %.1fs", exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX_S)
+                await asyncio.to_thread(self.setup)
 
     def _redis_url(self) -> str:
         if not self.settings.redis_url:

@@ -74,6 +74,10 @@ class StreamConsumer:
         self._resumed = False
         self._claim_cursor = "0-0"
 
+    def restart(self) -> None:
+        """Read this consumer's own pending entries again first, as after a restart."""
+        self._resumed, self._claim_cursor = False, "0-0"
+
     async def ensure_group(self, start_id: str = "0") -> None:
         """Create the consumer group (and the stream) if missing."""
         try:
@@ -83,7 +87,26 @@ class StreamConsumer:
                 raise
 
     async def read(self, block_ms: int = 1000) -> list[Entry]:
-        """Next entries to process (possibly empty after `block_ms`)."""
+        """Next entries to process (possibly empty after `block_ms`).
+
+        A group that vanished (Redis restarted without its data) is created again, reading
+        the stream from its start, and the read returns nothing this time.
+        """
+        try:
+            return await self._read(block_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning(
+                "consumer group %s of %s is gone (Redis lost its data?); creating it again",
+                self.group,
+                self.stream,
+            )
+            await self.ensure_group("0")
+            self.restart()
+            return []
+
+    async def _read(self, block_ms: int) -> list[Entry]:
         if not self._resumed:
             self._resumed = True
             own = await self._due(await self._read_from("0", block_ms=None))
@@ -214,7 +237,10 @@ class StreamConsumer:
 
     async def lag(self) -> tuple[int, int]:
         """(entries not yet delivered to the group, entries pending acknowledgement)."""
-        groups = await self.client.xinfo_groups(self.stream)
+        try:
+            groups = await self.client.xinfo_groups(self.stream)
+        except redis.ResponseError:  # no such stream (yet, or any more)
+            return 0, 0
         for g in groups:
             if g["name"] == self.group:
                 return int(g.get("lag") or 0), int(g.get("pending") or 0)

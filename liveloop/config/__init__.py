@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -98,6 +98,13 @@ class LiveLoopSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """CLI flags (init kwargs) > environment > TOML file > defaults."""
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _admin_key_is_not_an_api_key(self) -> Self:
+        """The admin key must not open the chat API, nor an API key the admin API."""
+        if self.admin_key and self.admin_key.strip() in self.api_key_list:
+            raise ValueError("admin_key must differ from every API key in api_keys")
+        return self
 
     # Derived locations -------------------------------------------------------------
     @property

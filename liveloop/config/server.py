@@ -8,6 +8,31 @@ from liveloop.config.base import Section
 from liveloop.config.sglang import SGLangConfig
 
 
+class KeyLimits(Section):
+    """Request limits of one API key (of all callers together when the server is open)."""
+
+    requests_per_minute: int = Field(
+        0, ge=0, description="Requests a key may start per minute, on average; 0 = no limit."
+    )
+    burst: int | None = Field(
+        None,
+        ge=1,
+        description="Requests a key may start at once on top of its rate (the token "
+        "bucket's size); default: a tenth of a minute's requests, at least 1.",
+    )
+    concurrent_requests: int = Field(
+        256,
+        ge=0,
+        description="Requests of a key in flight at once (a stream counts until it ends); "
+        "0 = no limit.",
+    )
+
+    @property
+    def effective_burst(self) -> int:
+        """The bucket's size."""
+        return self.burst or max(1, self.requests_per_minute // 10)
+
+
 class ServerConfig(Section):
     """HTTP server, engine and trace capture settings."""
 
@@ -43,6 +68,32 @@ class ServerConfig(Section):
     )
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="Request body size limit; larger bodies get 413."
+    )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers); larger ones get 431.",
+    )
+    request_read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A request (head and body) must arrive within this many seconds of its "
+        "first byte (of the connection, for the first one); a head that does not gets 408.",
+    )
+    write_stall_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A response whose writes stay blocked this long (the client stopped "
+        "reading) is aborted, which cancels the request and frees its engine slot.",
+    )
+    limits: KeyLimits = Field(
+        default_factory=KeyLimits,
+        description="Limits of every API key; over one, a request gets 429 with Retry-After.",
+    )
+    key_limits: dict[str, KeyLimits] = Field(
+        default_factory=dict,
+        description="Limits of particular keys, by key id (`key-...`, the tenant recorded with "
+        "their turns; `liveloop key-id` prints a key's), instead of `limits`.",
     )
     trace_capture: bool = Field(
         True, description="Record turns to liveloop:turns (admins can pause/resume at run time)."

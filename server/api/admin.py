@@ -34,15 +34,16 @@ class LoadWeightsRequest(BaseModel):
 async def get_weights(request: Request) -> dict[str, Any]:
     """The policy version served, the versions served before, and those refused.
 
-    `refused`: checkpoints this server could not load; `rejected`: versions the promotion
-    gate refused (never served). The engine's view comes with it (with SGLang: each
-    replica's version and state).
+    `refused`: checkpoints this server could not load (the latest 100; `refusals` counts
+    all since start); `rejected`: versions the promotion gate refused (never served). The
+    engine's view comes with it (with SGLang: each replica's version and state).
     """
     state = get_state(request)
     follower = state.follower
     return {
         "version": int(state.engine.version),
         "history": list(follower.history),
+        "refusals": follower.refusals,
         "refused": list(follower.refused),
         "rejected": list(follower.rejected),
         **state.engine.health(),

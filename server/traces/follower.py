@@ -95,7 +95,8 @@ class WeightFollower:
         self.reconnect_initial_s = reconnect_initial_s
         self.reconnect_max_s = reconnect_max_s
         self.history: list[dict[str, Any]] = []
-        self.refused: list[dict[str, Any]] = []
+        self.refused: list[dict[str, Any]] = []  # the latest HISTORY_LIMIT refusals
+        self.refusals = 0  # every refusal since start
         self.rejected: list[dict[str, Any]] = []  # versions the promotion gate refused
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -173,6 +174,7 @@ class WeightFollower:
 
     def _record_refusal(self, path: str, version: int, exc: Exception) -> None:
         self.metrics.swaps.labels("refused").inc()
+        self.refusals += 1
         self.refused.append(
             {"version": version, "path": str(path), "at": time.time(), "error": str(exc)}
         )
