@@ -13,7 +13,7 @@ from liveloop import bus
 from liveloop.collector.loop import Collector
 from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.versions import TrainerVersion
-from liveloop.config import LiveLoopSettings
+from liveloop.config import CollectorConfig, SharedSettings
 from liveloop.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -38,16 +38,12 @@ class RegistryVersion:
             self._registry.close()
 
 
-async def serve(settings: LiveLoopSettings, metrics: CollectorMetrics) -> None:
+async def serve(shared: SharedSettings, cfg: CollectorConfig, metrics: CollectorMetrics) -> None:
     """Run the collector until SIGINT/SIGTERM."""
-    if not settings.redis_url:
-        raise bus.BusUnavailable("liveloop collect needs --redis-url (or LIVELOOP_REDIS_URL)")
-    client = await bus.connect(settings.redis_url)
-    registry_version = RegistryVersion(settings.effective_db_url)
-    versions = TrainerVersion(
-        client, poll_s=settings.collector.version_poll_s, registry_latest=registry_version
-    )
-    collector = Collector(settings, client, metrics=metrics, trainer_version=versions)
+    client = await bus.connect(shared.require_redis("collect"))
+    registry_version = RegistryVersion(shared.effective_db_url)
+    versions = TrainerVersion(client, poll_s=cfg.version_poll_s, registry_latest=registry_version)
+    collector = Collector(shared, cfg, client, metrics=metrics, trainer_version=versions)
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
     # Signals reach only the main thread; embedded in another program's thread, skip them.
@@ -63,17 +59,17 @@ async def serve(settings: LiveLoopSettings, metrics: CollectorMetrics) -> None:
         await client.aclose()
 
 
-def run(settings: LiveLoopSettings) -> None:
+def run(shared: SharedSettings, cfg: CollectorConfig) -> None:
     """Collect until stopped."""
     metrics = CollectorMetrics(CollectorRegistry())
     server = None
-    if settings.metrics_port is not None:
+    if shared.metrics_port is not None:
         server, _thread = start_http_server(
-            settings.metrics_port, addr=settings.host, registry=metrics.registry
+            shared.metrics_port, addr=shared.host, registry=metrics.registry
         )
-        log.info("collector metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+        log.info("collector metrics on http://%s:%d/metrics", shared.host, shared.metrics_port)
     try:
-        asyncio.run(serve(settings, metrics))
+        asyncio.run(serve(shared, cfg, metrics))
     finally:
         if server is not None:
             server.shutdown()

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from liveloop.config import LiveLoopSettings
+from liveloop.config import JudgeConfig, SharedSettings, TrainerConfig
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.loop import Trainer
 from liveloop.trainer.metrics import TrainerMetrics
@@ -42,17 +42,20 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run(settings: LiveLoopSettings) -> None:
-    """Train until stopped (or `trainer.max_updates`), publishing a version per batch."""
-    comm = Comm.from_environment(settings.trainer.device)
+def run(shared: SharedSettings, cfg: TrainerConfig, judging: JudgeConfig) -> None:
+    """Train until stopped (or `trainer.max_updates`), publishing a version per batch.
+
+    `judging` (the judges and their settings) is what the promotion gate judges probes with.
+    """
+    comm = Comm.from_environment(cfg.device)
     metrics = TrainerMetrics(CollectorRegistry())
     server = None
-    if comm.is_main and settings.metrics_port is not None:
+    if comm.is_main and shared.metrics_port is not None:
         server, _thread = start_http_server(
-            settings.metrics_port, addr=settings.host, registry=metrics.registry
+            shared.metrics_port, addr=shared.host, registry=metrics.registry
         )
-        log.info("trainer metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
-    trainer = Trainer(settings, metrics=metrics, comm=comm)
+        log.info("trainer metrics on http://%s:%d/metrics", shared.host, shared.metrics_port)
+    trainer = Trainer(shared, cfg, judging=judging, metrics=metrics, comm=comm)
     try:
         with stop_on_signals(trainer.stop):
             if comm.is_main:
