@@ -94,7 +94,14 @@ class Collector:
             self.metrics.baseline.labels(judge).set(baseline.value)
         if self.baselines.by_judge:
             log.info("reward baselines restored for %s", ", ".join(sorted(self.baselines.by_judge)))
-        self.metrics.trainer_version.set(await self.versions.current(force=True))
+        version = await self.versions.current(force=True)
+        self.metrics.trainer_version.set(version)
+        log.info(
+            "collecting %s into batches of up to %d tokens as consumer %s "
+            "(trainer at v%d, turns more than %d versions behind are dropped)",
+            self.consumer.stream, self.cfg.token_budget, self.consumer.consumer,
+            version, self.max_staleness,
+        )  # fmt: skip
 
     async def run(self) -> None:
         """Step until `stop()`."""

@@ -183,6 +183,12 @@ class Trainer:
         status = "failed"
         try:
             await source.start()
+            log.info(
+                "training %s at v%d from %s as consumer %s%s",
+                self.shared.model, self.version, source.consumer.stream,
+                source.consumer.consumer, " (new versions pass the promotion gate)"
+                if self.gated else "",
+            )  # fmt: skip
             await self._start_gate(registry)
             await self._reconcile(publisher)
             await self._lead(source, publisher)
