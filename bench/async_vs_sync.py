@@ -3,7 +3,7 @@
 Prints one JSON object. Both modes run the same workload against the real collecting and
 training loops (`liveloop collect` and `liveloop train` as separate processes on an
 embedded Valkey, tiny-random model, default settings except `max_staleness`), and differ
-only in `collector.max_staleness`, which both loops apply.
+only in `max_staleness` (a top-level setting), which both loops apply.
 
 The generator is a simulation of the serving loop, faithful in the three respects that
 decide this comparison, and runs in this process:
@@ -145,7 +145,7 @@ def start_loop(
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "LIVELOOP_COLLECTOR__MAX_STALENESS": str(staleness),
+        "LIVELOOP_MAX_STALENESS": str(staleness),
         # No n > 1 groups in this workload: don't hold turns for group mates (either mode).
         "LIVELOOP_COLLECTOR__GROUP_WAIT_S": "0",
         "LIVELOOP_COLLECTOR__VERSION_POLL_S": "0.05",

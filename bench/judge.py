@@ -36,8 +36,8 @@ import redis.asyncio as aredis  # noqa: E402
 
 from liveloop import bus  # noqa: E402
 from liveloop.contracts import Feedback, TurnRecord  # noqa: E402
-from liveloop.prm.synthetic import conversation, tool, user, write_turns  # noqa: E402
 from liveloop.valkey import EmbeddedValkey  # noqa: E402
+from tests.synthetic import conversation, tool, user, write_turns  # noqa: E402
 
 REPLIES = [
     user("thanks, that's perfect"),

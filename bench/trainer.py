@@ -49,7 +49,7 @@ from liveloop.config.defaults import model_defaults
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
 from liveloop.models import load_model
-from liveloop.trainer.data import MicroBatch, micro_batches, sample_tokens
+from liveloop.trainer.data import MicroBatch, micro_batches
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater
 
@@ -79,16 +79,16 @@ def padded_micro_batches(
     samples: list[BatchSample], max_tokens: int, pad_id: int
 ) -> list[dict[str, torch.Tensor]]:
     """Length-sorted, right-padded micro-batches with causal-LM labels on completions."""
-    ordered = sorted(samples, key=sample_tokens, reverse=True)
+    ordered = sorted(samples, key=lambda s: s.num_tokens, reverse=True)
     groups: list[list[BatchSample]] = []
     for s in ordered:
-        if groups and sample_tokens(groups[-1][0]) * (len(groups[-1]) + 1) <= max_tokens:
+        if groups and groups[-1][0].num_tokens * (len(groups[-1]) + 1) <= max_tokens:
             groups[-1].append(s)
         else:
             groups.append([s])
     batches = []
     for group in groups:
-        width = sample_tokens(group[0])
+        width = group[0].num_tokens
         ids = torch.full((len(group), width), pad_id, dtype=torch.long)
         labels = torch.full((len(group), width), -100, dtype=torch.long)
         mask = torch.zeros((len(group), width), dtype=torch.long)
@@ -181,7 +181,7 @@ def main() -> None:
     cfg = TrainerConfig(kl_coef=0.0)
     policy = load_policy(args.model, "cpu", cfg.lora)
     samples = make_batch(args.samples, len(policy.tokenizer), args.seed)
-    tokens = sum(sample_tokens(s) for s in samples)
+    tokens = sum(s.num_tokens for s in samples)
     updater = PPOUpdater(policy, cfg)
     trainer_s = timed(lambda: updater.update(samples), args.warmup, args.iters)
     kl_coef = model_defaults(args.model).kl_coef

@@ -39,7 +39,7 @@ class PendingSample:
     @property
     def tokens(self) -> int:
         """Prompt + completion tokens."""
-        return len(self.turn.prompt_token_ids) + len(self.turn.completion_token_ids)
+        return self.turn.num_tokens
 
     @property
     def main_version(self) -> int:

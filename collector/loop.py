@@ -31,8 +31,9 @@ from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.packing import Bin, FlushPolicy
 from liveloop.collector.versions import TrainerVersion
 from liveloop.collector.writer import BatchWriter
-from liveloop.config import LiveLoopSettings
+from liveloop.config import CollectorConfig, SharedSettings
 from liveloop.contracts import ScoredTurn
+from liveloop.samples import staleness, untrainable, within_staleness
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +45,11 @@ BUSY_BLOCK_MS = 100
 
 
 def reject_reason(turn: ScoredTurn) -> str | None:
-    """Why a judged turn can never be trained on, or None."""
+    """Why a judged turn can never be trained on (a metric label), or None."""
     if turn.turn_type == "side":
         return "side"
-    if not turn.completion_token_ids or not turn.prompt_token_ids:
-        return "empty"
-    n = len(turn.completion_token_ids)
-    if len(turn.logprobs) != n or len(turn.versions) != n:
-        return "invalid"
-    return None
+    problem = untrainable(turn)
+    return problem.reason if problem is not None else None
 
 
 class Collector:
@@ -60,14 +57,15 @@ class Collector:
 
     def __init__(
         self,
-        settings: LiveLoopSettings,
+        shared: SharedSettings,
+        cfg: CollectorConfig,
         client: aredis.Redis,
         *,
         metrics: CollectorMetrics | None = None,
         trainer_version: TrainerVersion | None = None,
     ) -> None:
-        cfg = settings.collector
         self.cfg = cfg
+        self.max_staleness = shared.max_staleness
         self.client = client
         self.metrics = metrics or CollectorMetrics()
         self.consumer = bus.StreamConsumer(
@@ -79,7 +77,7 @@ class Collector:
             count=cfg.read_count,
         )
         self.versions = trainer_version or TrainerVersion(client, poll_s=cfg.version_poll_s)
-        self.writer = BatchWriter(client, settings.data_dir, cfg.inline_max_bytes)
+        self.writer = BatchWriter(client, shared.data_dir, cfg.inline_max_bytes)
         self.groups = GroupAssembler(cfg.group_wait_s)
         self.baselines = Baselines(cfg.baseline_decay)
         self.policy = FlushPolicy(cfg.token_budget, cfg.min_turns, cfg.min_fill, cfg.max_wait_s)
@@ -102,7 +100,14 @@ class Collector:
             self.metrics.baseline.labels(judge).set(baseline.value)
         if self.baselines.by_judge:
             log.info("reward baselines restored for %s", ", ".join(sorted(self.baselines.by_judge)))
-        self.metrics.trainer_version.set(await self.versions.current(force=True))
+        version = await self.versions.current(force=True)
+        self.metrics.trainer_version.set(version)
+        log.info(
+            "collecting %s into batches of up to %d tokens as consumer %s "
+            "(trainer at v%d, turns more than %d versions behind are dropped)",
+            self.consumer.stream, self.cfg.token_budget, self.consumer.consumer,
+            version, self.max_staleness,
+        )  # fmt: skip
 
     async def run(self) -> None:
         """Step until `stop()`; a Redis outage is waited out (with backoff), not fatal."""
@@ -154,9 +159,6 @@ class Collector:
         await self._flush(now)
         self.metrics.pending.set(len(self.held))
 
-    def _lag(self, turn: ScoredTurn, version: int) -> int:
-        return version - turn.min_version
-
     async def _intake(self, entries: list[bus.Entry], now: float) -> None:
         version = await self.versions.current()
         self.metrics.trainer_version.set(version)
@@ -171,9 +173,8 @@ class Collector:
                 continue
             reason = reject_reason(turn)
             if reason is None:
-                lag = self._lag(turn, version)
-                self.metrics.staleness.observe(max(lag, 0))
-                if lag > self.cfg.max_staleness:
+                self.metrics.staleness.observe(max(staleness(turn, version), 0))
+                if not within_staleness(turn, version, self.max_staleness):
                     reason = "stale"
             if reason is not None:
                 self.metrics.dropped.labels(reason).inc()
@@ -202,7 +203,7 @@ class Collector:
         if not self.policy.worth_packing(self.ready, now):
             return
         version = await self.versions.current()
-        stale = [p for p in self.ready if self._lag(p.turn, version) > self.cfg.max_staleness]
+        stale = [p for p in self.ready if not within_staleness(p.turn, version, self.max_staleness)]
         if stale:
             self.metrics.dropped.labels("stale").inc(len(stale))
             await self._release(stale)

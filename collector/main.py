@@ -13,7 +13,7 @@ from liveloop import bus
 from liveloop.collector.loop import Collector
 from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.versions import TrainerVersion
-from liveloop.config import LiveLoopSettings
+from liveloop.config import CollectorConfig, SharedSettings
 from liveloop.probes import LoopProbes
 from liveloop.registry import Registry
 from liveloop.streamstats import StreamStateCollector
@@ -40,16 +40,12 @@ class RegistryVersion:
             self._registry.close()
 
 
-async def serve(settings: LiveLoopSettings, metrics: CollectorMetrics) -> None:
+async def serve(shared: SharedSettings, cfg: CollectorConfig, metrics: CollectorMetrics) -> None:
     """Run the collector until SIGINT/SIGTERM."""
-    if not settings.redis_url:
-        raise bus.BusUnavailable("liveloop collect needs --redis-url (or LIVELOOP_REDIS_URL)")
-    client = await bus.connect(settings.redis_url)
-    registry_version = RegistryVersion(settings.effective_db_url)
-    versions = TrainerVersion(
-        client, poll_s=settings.collector.version_poll_s, registry_latest=registry_version
-    )
-    collector = Collector(settings, client, metrics=metrics, trainer_version=versions)
+    client = await bus.connect(shared.require_redis("collect"))
+    registry_version = RegistryVersion(shared.effective_db_url)
+    versions = TrainerVersion(client, poll_s=cfg.version_poll_s, registry_latest=registry_version)
+    collector = Collector(shared, cfg, client, metrics=metrics, trainer_version=versions)
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
     # Signals reach only the main thread; embedded in another program's thread, skip them.
@@ -65,16 +61,16 @@ async def serve(settings: LiveLoopSettings, metrics: CollectorMetrics) -> None:
         await client.aclose()
 
 
-def run(settings: LiveLoopSettings) -> None:
+def run(shared: SharedSettings, cfg: CollectorConfig) -> None:
     """Collect until stopped."""
     metrics = CollectorMetrics(CollectorRegistry())
-    probes = LoopProbes(metrics.registry, settings.redis_url)
-    if settings.metrics_port is not None:
-        if settings.redis_url:  # the bus's own state (lag, pending, dead letters) rides along
-            metrics.registry.register(StreamStateCollector(settings.redis_url))
-        probes.start(settings.metrics_port, settings.host)
+    probes = LoopProbes(metrics.registry, shared.redis_url)
+    if shared.metrics_port is not None:
+        if shared.redis_url:  # the bus's own state (lag, pending, dead letters) rides along
+            metrics.registry.register(StreamStateCollector(shared.redis_url))
+        probes.start(shared.metrics_port, shared.host)
     try:
         probes.mark_ready()
-        asyncio.run(serve(settings, metrics))
+        asyncio.run(serve(shared, cfg, metrics))
     finally:
         probes.stop()

@@ -1,8 +1,8 @@
 """Packing turns into batches by a token budget (sorted first-fit), and when to ship them.
 
-Turns are sorted longest first and each goes into the first batch with room for it, which
-fills batches tightly (first-fit decreasing uses at most 11/9 of the optimal number of
-batches, plus one). A turn longer than the whole budget gets a batch of its own. A batch
+Turns are packed first-fit decreasing (`liveloop.samples.first_fit_decreasing`: longest
+first, each into the first batch with room; a turn longer than the whole budget gets a
+batch of its own). A batch
 ships when it holds `min_turns` turns, or `min_fill` of the budget, or when its oldest
 turn has waited `max_wait_s`; the others go back to wait for more turns.
 """
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from liveloop.collector.advantages import PendingSample
+from liveloop.samples import first_fit_decreasing
 
 
 @dataclass
@@ -29,17 +30,12 @@ class Bin:
 
 
 def first_fit(samples: Sequence[PendingSample], budget: int) -> list[Bin]:
-    """Sorted first-fit: longest turn first, each into the first batch with room for it."""
-    bins: list[Bin] = []
-    for sample in sorted(samples, key=lambda p: (-p.tokens, p.arrived_at, p.key)):
-        for b in bins:
-            if b.tokens + sample.tokens <= budget:
-                b.samples.append(sample)
-                b.tokens += sample.tokens
-                break
-        else:
-            bins.append(Bin([sample], sample.tokens))
-    return bins
+    """Sorted first-fit: longest turn first (ties: earliest, then by key), each into the
+    first batch with room for it (`liveloop.samples.first_fit_decreasing`)."""
+    packed = first_fit_decreasing(
+        samples, lambda p: p.tokens, budget, lambda p: (p.arrived_at, p.key)
+    )
+    return [Bin(b, sum(p.tokens for p in b)) for b in packed]
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ class BatchWriter:
         batch = TrainingBatch(
             batch_id=batch_id_for(turn_keys),
             trainer_version=trainer_version,
-            num_tokens=sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s in samples),
+            num_tokens=sum(s.num_tokens for s in samples),
             samples=samples,
         )
         payload = batch.model_dump_json()

@@ -1,7 +1,9 @@
 """The `liveloop` command: one loop per sub-command, or all of them with `up` / `demo`.
 
 This is the only module of `liveloop` that imports the loop packages, and it does so
-lazily, so `liveloop judge` never imports torch.
+lazily, so `liveloop judge` never imports torch. Each loop gets the shared settings and its
+own section (`SharedSettings`, `settings.<loop>`), never the whole tree; only the server
+gets the API and admin keys.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
 def _run_serve(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.server.main import run
 
-    run(settings)
+    run(settings.shared(), settings.server, settings.auth())
 
 
 def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
@@ -147,23 +149,23 @@ def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
         if not args.judge or not args.to_stream:
             raise CliError("--replay needs --judge NAME and --to-stream NAME")
         replay = ReplayOptions(judges=args.judge, from_id=args.from_id, to_stream=args.to_stream)
-    run(settings, replay=replay)
+    run(settings.shared(), settings.prm, replay=replay)
 
 
 def _run_collect(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.collector.main import run
 
-    run(settings)
+    run(settings.shared(), settings.collector)
 
 
 def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.trainer.main import run
 
-    run(settings)
+    run(settings.shared(), settings.trainer, settings.prm)
 
 
 def _run_up(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
-    from liveloop.supervisor import run_up
+    from liveloop.up import run_up
 
     run_up(settings, config_file=args.config, quiet=args.quiet)
 

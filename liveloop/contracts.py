@@ -7,13 +7,26 @@ readable with a plain XRANGE. Bump SCHEMA_VERSION on an incompatible change.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from liveloop import samples
 
 SCHEMA_VERSION = 1
 
 TurnType = Literal["main", "side"]
+"""'main': part of the conversation, trained on; 'side': a title, a summary, never trained on."""
+TURN_TYPES: tuple[TurnType, ...] = get_args(TurnType)
+
+
+def parse_turn_type(value: str | None) -> TurnType:
+    """A turn type from its text (case and spaces ignored; None is 'main'); ValueError else."""
+    text = (value or "main").strip().lower()
+    for turn_type in TURN_TYPES:
+        if text == turn_type:
+            return turn_type
+    raise ValueError(f"must be {' or '.join(TURN_TYPES)}")
 
 
 def turn_key(session_id: str, turn_index: int | str, sample_index: int) -> str:
@@ -85,10 +98,16 @@ class TurnRecord(Contract):
     @property
     def min_version(self) -> int:
         """The oldest policy version that produced a token of this turn."""
-        return min(self.versions) if self.versions else 0
+        return samples.min_version(self)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + completion tokens."""
+        return samples.num_tokens(self)
 
 
 NextStateKind = Literal["next_turn", "feedback", "timeout"]
+"""What a turn was judged on: the next turn's new messages, explicit feedback, or nothing."""
 
 
 class ScoredTurn(TurnRecord):
@@ -124,6 +143,16 @@ class BatchSample(BaseModel):
     versions: list[int]
     advantage: float
     score: float
+
+    @property
+    def min_version(self) -> int:
+        """The oldest policy version that produced a token of this sample."""
+        return samples.min_version(self)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + completion tokens."""
+        return samples.num_tokens(self)
 
 
 class TrainingBatch(Contract):

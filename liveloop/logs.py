@@ -1,4 +1,10 @@
-"""Logging set-up shared by every LiveLoop process."""
+"""Logging set-up shared by every LiveLoop process.
+
+One line per record, naming the process role (`[serve]`, `[judge]`, ...). LiveLoop's own
+loggers (`liveloop.*`) log at the configured level (`--log-level`, `LIVELOOP_LOG_LEVEL`,
+default INFO); third-party libraries log warnings and errors only (no `alembic`, `uvicorn`
+or `httpx` INFO lines), unless the level is DEBUG, which shows everything.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +12,26 @@ import logging
 import os
 import warnings
 
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def check_level(level: str) -> str:
+    """The level name in upper case; ValueError for anything else."""
+    name = level.strip().upper()
+    if name not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}")
+    return name
+
 
 def setup_logging(level: str = "INFO", process: str = "liveloop") -> None:
-    """Plain one-line logs with the process role; quiet third-party noise."""
+    """Plain one-line logs with the process role; third-party INFO off below DEBUG."""
+    ours = check_level(level)
     logging.basicConfig(
-        level=level.upper(),
+        level="DEBUG" if ours == "DEBUG" else "WARNING",
         format=f"%(asctime)s %(levelname)s [{process}] %(name)s: %(message)s",
         force=True,
     )
-    for noisy in (
-        "httpx",
-        "httpx2",
-        "openai",
-        "httpcore",
-        "urllib3",
-        "filelock",
-        "transformers",
-        "uvicorn.access",
-    ):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("liveloop").setLevel(ours)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

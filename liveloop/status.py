@@ -12,16 +12,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from liveloop import bus
 from liveloop.contracts import ScoredTurn
+from liveloop.supervisor import Supervisor
 from liveloop.weights import latest_announcement_sync
-
-if TYPE_CHECKING:
-    from liveloop.supervisor import Supervisor
 
 
 @dataclass

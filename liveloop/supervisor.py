@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from liveloop.children import die_with_parent
 from liveloop.config import LiveLoopSettings
-from liveloop.valkey import EmbeddedValkey, die_with_parent
+from liveloop.valkey import EmbeddedValkey
 
 log = logging.getLogger(__name__)
 
@@ -185,28 +185,3 @@ class Supervisor:
         self.stop_loops()
         if self.valkey is not None:
             self.valkey.stop()
-
-
-def run_up(
-    settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
-) -> None:
-    """Run all four loops until Ctrl-C or SIGTERM; shows a live view unless quiet."""
-    from liveloop.status import LiveView
-
-    supervisor = Supervisor(settings, config_file=config_file)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    supervisor.start()
-    view = LiveView(supervisor, quiet=quiet)
-    print(
-        f"LiveLoop is up: {supervisor.base_url}/v1 (Ctrl-C stops); logs in {settings.data_dir / 'logs'}"
-    )
-    try:
-        with view:
-            while not stop.wait(1.0):
-                for event in supervisor.check():
-                    view.event(event)
-                view.refresh()
-    finally:
-        supervisor.stop()

@@ -7,20 +7,17 @@ SIGTERM if the parent dies abruptly (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib.util
 import logging
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
 
-log = logging.getLogger(__name__)
+from liveloop.children import die_with_parent
 
-PR_SET_PDEATHSIG = 1
+log = logging.getLogger(__name__)
 
 
 class ValkeyError(RuntimeError):
@@ -43,15 +40,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (Linux; a no-op elsewhere).
-
-    Meant as (part of) a `preexec_fn`: it runs in the child between fork and exec.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class EmbeddedValkey:

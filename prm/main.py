@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from prometheus_client import CollectorRegistry
 
 from liveloop import bus
-from liveloop.config import ConfigError, LiveLoopSettings
+from liveloop.config import ConfigError, JudgeConfig, SharedSettings
 from liveloop.prm.judges.registry import load_judges
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
@@ -46,43 +46,42 @@ def _check_replay(options: ReplayOptions) -> None:
         raise ConfigError(f"--to-stream must be a separate stream, not {target}")
 
 
-def run(settings: LiveLoopSettings, *, replay: ReplayOptions | None = None) -> None:
+def run(
+    shared: SharedSettings, judging: JudgeConfig, *, replay: ReplayOptions | None = None
+) -> None:
     """Run the judging loop until a signal, or one replay (then return)."""
-    if not settings.redis_url:
-        raise ConfigError("liveloop judge needs --redis-url (or LIVELOOP_REDIS_URL)")
+    redis_url = shared.require_redis("judge")
     if replay is not None:
         _check_replay(replay)
         weights = {name: 1.0 for name in replay.judges}
     else:
-        weights = dict(settings.prm.judges)
-    judges = load_judges(weights, settings)
+        weights = dict(judging.judges)
+    judges = load_judges(weights, judging, shared)
     registry = CollectorRegistry()
     metrics = PrmMetrics(registry)
-    probes = LoopProbes(registry, settings.redis_url)
-    if settings.metrics_port is not None:
-        probes.start(settings.metrics_port, settings.host)
-    panel = JudgePanel(judges, metrics, timeout_s=settings.prm.judge_timeout_s)
+    probes = LoopProbes(registry, redis_url)
+    if shared.metrics_port is not None:
+        probes.start(shared.metrics_port, shared.host)
+    panel = JudgePanel(judges, metrics, timeout_s=judging.judge_timeout_s)
     try:
         if replay is not None:
-            stats = asyncio.run(_replay(settings.redis_url, panel, replay))
+            stats = asyncio.run(_replay(redis_url, panel, replay))
             summary = asdict(stats)
             summary["errors"] = summary["errors"][:5]
             print(json.dumps({"replay": summary, "to_stream": bus.stream_key(replay.to_stream)}))
         else:
             probes.mark_ready()
-            asyncio.run(_serve(settings, panel, metrics))
+            asyncio.run(_serve(redis_url, judging, panel, metrics))
     finally:
         probes.stop()
 
 
 async def _close_judges(panel: JudgePanel) -> None:
     for judge, _ in panel.judges:
-        close = getattr(judge, "aclose", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                log.exception("closing judge %s failed", judge.name)
+        try:
+            await judge.aclose()
+        except Exception:
+            log.exception("closing judge %s failed", judge.name)
 
 
 async def _replay(url: str, panel: JudgePanel, options: ReplayOptions) -> ReplayStats:
@@ -94,19 +93,20 @@ async def _replay(url: str, panel: JudgePanel, options: ReplayOptions) -> Replay
         await client.aclose()
 
 
-async def _serve(settings: LiveLoopSettings, panel: JudgePanel, metrics: PrmMetrics) -> None:
-    assert settings.redis_url is not None
-    client = await bus.connect(settings.redis_url)
+async def _serve(
+    redis_url: str, judging: JudgeConfig, panel: JudgePanel, metrics: PrmMetrics
+) -> None:
+    client = await bus.connect(redis_url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    service = JudgeService(client, settings.prm, panel, metrics)
+    service = JudgeService(client, judging, panel, metrics)
     log.info(
         "judging %s as consumer %s with %s",
         bus.stream_key(bus.TURNS),
         service.turns.consumer,
-        ", ".join(f"{n}×{w:g}" for n, w in settings.prm.judges.items()),
+        ", ".join(f"{n}×{w:g}" for n, w in judging.judges.items()),
     )
     try:
         await service.run(stop)

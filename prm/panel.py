@@ -47,7 +47,7 @@ class JudgePanel:
     @property
     def inline(self) -> bool:
         """True when every judge declares `inline = True` (scores without awaiting I/O)."""
-        return all(getattr(judge, "inline", False) for judge, _ in self.judges)
+        return all(judge.inline for judge, _ in self.judges)
 
     @property
     def names(self) -> list[str]:
@@ -57,7 +57,7 @@ class JudgePanel:
     async def _one(self, judge: Judge, request: JudgeRequest) -> JudgeResult | None:
         start = time.perf_counter()
         try:
-            if getattr(judge, "inline", False):  # never awaits, so a timer would not help
+            if judge.inline:  # never awaits, so a timer would not help
                 raw = await judge.score(request)
             else:
                 async with asyncio.timeout(self.timeout_s):

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from liveloop.bus import connect_sync
-from liveloop.config import ConfigError, LiveLoopSettings
+from liveloop.config import AuthSettings, ConfigError, ServerConfig, SharedSettings
 from liveloop.models import load_model, resolve_model_dir
 
 log = logging.getLogger(__name__)
@@ -38,16 +38,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _engine_or_model(settings: LiveLoopSettings) -> dict[str, Any]:
+def _engine_or_model(shared: SharedSettings, cfg: ServerConfig) -> dict[str, Any]:
     """The started engine worker (or, in-thread, the loaded model) for create_app."""
-    cfg = settings.server
     if cfg.engine == "sglang":
         return {}  # the gateway reaches (or launches) its servers in the app's lifespan
     if not cfg.engine_process:
-        return {"model": load_model(settings.model, cfg.device)}
+        return {"model": load_model(shared.model, cfg.device)}
     from liveloop.server.engine.process import EngineOptions, EngineProcess
 
-    engine = EngineProcess(EngineOptions.from_settings(settings))
+    engine = EngineProcess(EngineOptions.from_config(shared.model, cfg))
     engine.spawn()  # a model that cannot load ends start-up here, with its reason
     return {"engine": engine}
 
@@ -65,11 +64,10 @@ def check_sglang_urls(urls: list[str], timeout_s: float = 5.0) -> None:
     raise ConnectionError(f"no SGLang server answered at {', '.join(urls)}")
 
 
-def _protocol(settings: LiveLoopSettings, app: Any) -> type[asyncio.Protocol]:
+def _protocol(cfg: ServerConfig, app: Any) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol with the server's connection limits (see http_guard)."""
     from liveloop.server.http_guard import guarded_protocol
 
-    cfg = settings.server
     closed = app.state.liveloop.metrics.connections_closed
     return guarded_protocol(
         max_header_bytes=cfg.max_header_bytes,
@@ -79,28 +77,27 @@ def _protocol(settings: LiveLoopSettings, app: Any) -> type[asyncio.Protocol]:
     )
 
 
-def run(settings: LiveLoopSettings) -> None:
+def run(shared: SharedSettings, cfg: ServerConfig, auth: AuthSettings) -> None:
     """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError."""
-    if settings.redis_url is None:
-        raise ConfigError("serve needs a Redis URL: --redis-url or LIVELOOP_REDIS_URL")
-    sglang = settings.server.sglang
-    if settings.server.engine == "sglang" and not sglang.urls and not sglang.launch:
+    redis_url = shared.require_redis("serve")
+    sglang = cfg.sglang
+    if cfg.engine == "sglang" and not sglang.urls and not sglang.launch:
         raise ConfigError(
             "server.engine 'sglang' needs SGLang servers: --sglang-url URL[,URL...] "
             "or --launch N (server.sglang.urls / server.sglang.launch)"
         )
-    sock = bind_socket(settings.host, settings.port)
+    sock = bind_socket(shared.host, shared.port)
     try:
-        connect_sync(settings.redis_url).close()
-        resolve_model_dir(settings.model)  # fails fast, before any engine starts
-        if settings.server.engine == "sglang" and not sglang.launch:
+        connect_sync(redis_url).close()
+        resolve_model_dir(shared.model)  # fails fast, before any engine starts
+        if cfg.engine == "sglang" and not sglang.launch:
             check_sglang_urls(sglang.urls)
         from liveloop.server.app import create_app
 
-        app = create_app(settings, **_engine_or_model(settings))
+        app = create_app(shared, cfg, auth, **_engine_or_model(shared, cfg))
         config = uvicorn.Config(
             app,
-            http=_protocol(settings, app),
+            http=_protocol(cfg, app),
             log_config=None,
             access_log=False,
             lifespan="on",

@@ -1,9 +1,17 @@
-"""Shared fixtures: a real embedded Valkey server on a free port, and isolated data dirs."""
+"""Shared fixtures (a real embedded Valkey on a free port, isolated data dirs) and the
+polling helpers every test waits with: `wait_for` (async) and `wait_until` (blocking).
+
+Tests wait for a condition, never for a fixed time, and the deadlines are generous: the
+machine running them may be loaded.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +20,39 @@ import redis.asyncio as aredis
 
 from liveloop.valkey import EmbeddedValkey
 from tests.support.sglang import PYTHON_ENV, sglang_python
+
+Check = Callable[[], bool | Awaitable[bool]]
+
+
+async def wait_for(
+    check: Check, timeout_s: float = 15.0, interval_s: float = 0.02, what: str = "condition"
+) -> None:
+    """Poll `check` (a plain or an async predicate) until it holds; AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s:g}s")
+        await asyncio.sleep(interval_s)
+
+
+def wait_until(
+    check: Callable[[], bool],
+    timeout_s: float = 30.0,
+    interval_s: float = 0.05,
+    what: str = "condition",
+) -> None:
+    """Blocking `wait_for`, for tests that drive subprocesses."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s:g}s")
+        time.sleep(interval_s)
+
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -7,6 +7,7 @@ stop sends SIGTERM (the trace writer flushes) and collects the log for failure m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,8 +20,9 @@ from typing import Any
 import httpx
 import redis
 
-from liveloop.config import tenant_id
+from liveloop.server.api.auth import tenant_id
 from liveloop.valkey import free_port
+from tests.conftest import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 API_KEYS = ("sk-test-alpha", "sk-test-beta")
@@ -141,13 +143,11 @@ def turns_of(server_redis: redis.Redis, session_id: str) -> list[dict[str, Any]]
 def wait_for_turns(
     server_redis: redis.Redis, session_id: str, count: int, timeout_s: float = 10.0
 ) -> list[dict[str, Any]]:
-    """Wait until the trace writer has written `count` records of a session."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        records = turns_of(server_redis, session_id)
-        if len(records) >= count or time.monotonic() > deadline:
-            return records
-        time.sleep(0.05)
+    """The records of a session once the trace writer wrote `count` (or all there are at the
+    deadline: callers assert on them)."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: len(turns_of(server_redis, session_id)) >= count, timeout_s)
+    return turns_of(server_redis, session_id)
 
 
 def metric_value(text: str, name: str) -> float | None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import redis.asyncio as aredis
 
 from liveloop import bus
 from liveloop.contracts import Feedback
+from tests.conftest import wait_for
 
 
 def fb(i: int) -> Feedback:
@@ -40,8 +39,13 @@ async def test_consumer_resumes_reclaims_and_dead_letters(aredis_client: aredis.
     # Another consumer reclaims them once they are idle long enough.
     b = bus.StreamConsumer(aredis_client, "feedback", "g", "b", claim_idle_ms=100, max_attempts=2)
     b._resumed = True
-    await asyncio.sleep(0.15)
-    reclaimed = await b.read(block_ms=100)
+    reclaimed: list[bus.Entry] = []
+
+    async def reclaims() -> bool:  # once they have been idle for claim_idle_ms
+        reclaimed.extend(await b.read(block_ms=10))
+        return bool(reclaimed)
+
+    await wait_for(reclaims)
     assert {e.id for e in reclaimed} == {got[1].id, got[2].id}
     await b.ack(got[1].id)
     assert await b.fail(reclaimed[1], "boom 1") is False

@@ -92,3 +92,41 @@ def test_unreachable_sglang_servers_are_one_line(redis_url: str, tmp_path: Path)
     args = ("--redis-url", redis_url, "--data-dir", str(tmp_path), "--model", "tiny-random")
     proc = run_cli("serve", "--engine", "sglang", "--sglang-url", url, "--port", "0", *args)
     assert_one_line_error(proc, f"no SGLang server answered at {url}")
+
+
+def test_third_party_info_is_quiet_unless_debug(tmp_path: Path) -> None:
+    # `liveloop eval` opens the registry: alembic runs its migrations, which log at INFO.
+    quiet = run_cli("eval", "--data-dir", str(tmp_path / "a"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert "alembic" not in quiet.stderr and "INFO" not in quiet.stderr
+    env = dict(os.environ, LIVELOOP_LOG_LEVEL="debug")
+    verbose = run_cli("eval", "--data-dir", str(tmp_path / "b"), env=env)
+    assert verbose.returncode == 0 and "alembic" in verbose.stderr
+    flag = run_cli("eval", "--data-dir", str(tmp_path / "c"), "--log-level", "DEBUG")
+    assert flag.returncode == 0 and "alembic" in flag.stderr
+    assert_one_line_error(
+        run_cli("eval", "--data-dir", str(tmp_path / "d"), "--log-level", "loud"), "log level"
+    )
+
+
+def test_own_info_lines_stay_third_party_ones_go() -> None:
+    import logging
+
+    from liveloop.logs import setup_logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        setup_logging("INFO", "test")
+        assert logging.getLogger("liveloop.collector.loop").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("alembic.runtime.plugins").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("uvicorn.error").isEnabledFor(logging.INFO)
+        setup_logging("warning", "test")
+        assert not logging.getLogger("liveloop.collector.loop").isEnabledFor(logging.INFO)
+    finally:
+        logging.getLogger("liveloop").setLevel(logging.NOTSET)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)

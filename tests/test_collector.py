@@ -17,6 +17,7 @@ from liveloop.collector.writer import BatchWriter
 from liveloop.config import ConfigError
 from liveloop.contracts import TrainingBatch
 from liveloop.trainer.source import load_batch_file
+from tests.conftest import wait_for
 from tests.test_collector_support import announce, publish_turns, scored_turn, settings_for
 
 FAST = {"group_wait_s": 0.0, "min_turns": 1, "max_wait_s": 0.05}
@@ -26,9 +27,13 @@ async def batches(client: aredis.Redis) -> list[TrainingBatch]:
     return [bus.decode(f, TrainingBatch) for _id, f in await client.xrange("liveloop:batches")]
 
 
-async def make_collector(client: aredis.Redis, redis_url: str, data_dir: Path, **cfg: object):
-    settings = settings_for(redis_url, data_dir, collector={**FAST, **cfg})
-    collector = Collector(settings, client)
+async def make_collector(
+    client: aredis.Redis, redis_url: str, data_dir: Path, max_staleness: int = 4, **cfg: object
+) -> Collector:
+    settings = settings_for(
+        redis_url, data_dir, max_staleness=max_staleness, collector={**FAST, **cfg}
+    )
+    collector = Collector(settings.shared(), settings.collector, client)
     await collector.start()
     return collector
 
@@ -86,8 +91,12 @@ async def test_group_normalised_advantages_and_per_judge_baseline(
     collector = await make_collector(aredis_client, redis_url, data_dir, group_wait_s=0.3)
     await collector.step(block_ms=20)
     assert await batches(aredis_client) == []  # the group is still open
-    await asyncio.sleep(0.35)
-    await run_steps(collector, 2)
+
+    async def all_batched() -> bool:  # once the group closes (group_wait_s), steps ship it
+        await collector.step(block_ms=20)
+        return sum(len(b.samples or []) for b in await batches(aredis_client)) == 5
+
+    await wait_for(all_batched)
     adv = {s.key: s.advantage for b in await batches(aredis_client) for s in b.samples or []}
     std = math.sqrt(2 / 3)
     assert adv["g:0:0"] == pytest.approx(1 / std)

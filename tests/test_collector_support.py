@@ -11,6 +11,7 @@ import redis.asyncio as aredis
 from liveloop import bus
 from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import ScoredTurn, WeightsAnnouncement
+from liveloop.trainer.loop import Trainer
 
 # log(1 / vocab size) of the tiny-random model: close to what its near-uniform logits give.
 UNIFORM_LOGPROB = -10.8
@@ -70,3 +71,8 @@ async def announce(client: aredis.Redis, version: int) -> None:
 def settings_for(redis_url: str, data_dir: Path, **sections: Any) -> LiveLoopSettings:
     """Settings on the test Valkey and data dir, tiny-random model, plus section overrides."""
     return load_settings(redis_url=redis_url, data_dir=data_dir, model="tiny-random", **sections)
+
+
+def trainer_of(settings: LiveLoopSettings, **kwargs: Any) -> Trainer:
+    """The trainer as `liveloop train` builds it: shared settings, its section, the judges."""
+    return Trainer(settings.shared(), settings.trainer, judging=settings.prm, **kwargs)

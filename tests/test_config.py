@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from liveloop.config import ConfigError, load_settings, tenant_id
+from liveloop.config import ConfigError, load_settings
+from liveloop.server.api.auth import tenant_id
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -33,9 +34,24 @@ def test_unknown_key_names_it(tmp_path: Path) -> None:
 
 
 def test_bad_value_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LIVELOOP_COLLECTOR__MAX_STALENESS", "-1")
-    with pytest.raises(ConfigError, match=r"collector\.max_staleness"):
+    monkeypatch.setenv("LIVELOOP_COLLECTOR__TOKEN_BUDGET", "-1")
+    with pytest.raises(ConfigError, match=r"collector\.token_budget"):
         load_settings()
+    monkeypatch.delenv("LIVELOOP_COLLECTOR__TOKEN_BUDGET")
+    monkeypatch.setenv("LIVELOOP_MAX_STALENESS", "-1")
+    with pytest.raises(ConfigError, match=r"max_staleness: Input should be greater"):
+        load_settings()
+
+
+def test_loops_get_shared_settings_without_secrets() -> None:
+    settings = load_settings(api_keys="k1,k2", admin_key="adm", max_staleness=2, port=9)
+    shared = settings.shared()
+    assert (shared.max_staleness, shared.port) == (2, 9)
+    assert "api_keys" not in shared.model_dump() and "admin_key" not in shared.model_dump()
+    assert "k1" not in shared.model_dump_json() and "adm" not in shared.model_dump_json()
+    assert settings.auth().api_keys == ["k1", "k2"] and settings.auth().admin_key == "adm"
+    with pytest.raises(ConfigError, match="liveloop judge needs --redis-url"):
+        shared.require_redis("judge")
 
 
 def test_missing_and_broken_files(tmp_path: Path) -> None:

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, Field
 
 from liveloop.config import ConfigError, load_settings
 from liveloop.contracts import Feedback, ScoredTurn
 from liveloop.prm.judges import (
+    Judge,
+    JudgeBase,
+    JudgeContext,
     JudgeError,
     JudgeRequest,
     JudgeResult,
     NextState,
     TurnHead,
+    judge_context,
     load_judges,
 )
 from liveloop.prm.judges.feedback import FeedbackJudge
@@ -26,7 +32,7 @@ from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.nextstate import new_messages
 from liveloop.prm.panel import JudgePanel
 from liveloop.prm.scorer import make_scored, scored_fields
-from liveloop.prm.synthetic import conversation, make_turn, tool, user
+from tests.synthetic import conversation, make_turn, tool, user
 
 
 def request_with(
@@ -87,7 +93,9 @@ async def test_rules_judge_steps_feedback_and_timeout() -> None:
     assert from_feedback is not None and from_feedback.score == 0.4
     assert await judge.score(request_with(None)) is None  # silence: no opinion by default
     settings = load_settings(prm={"rules": {"timeout_score": 0.0}})
-    timed_out = await RulesJudge(settings).score(request_with(None))
+    timed_out = await RulesJudge(judge_context("rules", settings.prm, settings.shared())).score(
+        request_with(None)
+    )
     assert timed_out is not None and timed_out.score == 0.0
 
 
@@ -122,7 +130,7 @@ def test_majority_and_ties() -> None:
     assert majority([-1.0]) == (-1.0, 0.0)
 
 
-class FixedJudge:
+class FixedJudge(JudgeBase):
     """A judge that returns whatever it was given."""
 
     def __init__(self, name: str, result: Any) -> None:
@@ -171,11 +179,11 @@ async def test_panel_weights_and_decisive_feedback() -> None:
 def test_unknown_judge_lists_the_available_ones() -> None:
     settings = load_settings(prm={"judges": {"rules": 1.0, "nope": 1.0}})
     with pytest.raises(ConfigError) as err:
-        load_judges(settings.prm.judges, settings)
+        load_judges(settings.prm.judges, settings.prm, settings.shared())
     message = str(err.value)
     assert "unknown judge 'nope'" in message and "\n" not in message
     assert "available judges: feedback, llm, rules" in message
-    judges = load_judges({"rules": 2.0, "feedback": 1.0}, settings)
+    judges = load_judges({"rules": 2.0, "feedback": 1.0}, settings.prm, settings.shared())
     assert [(j.name, w) for j, w in judges] == [("rules", 2.0), ("feedback", 1.0)]
 
 
@@ -211,3 +219,56 @@ async def test_scored_entry_keeps_the_turn_and_adds_the_verdict() -> None:
     fields = scored_fields(request, TurnHead.model_validate_json(raw), raw, verdict)
     assert json.loads(fields["data"])["messages"] == tricky.messages
     assert ScoredTurn.model_validate_json(fields["data"]).score == 1.0
+
+
+class WordLimit(BaseModel):
+    """Settings of the plug-in judge below."""
+
+    words: int = Field(50, ge=1)
+
+
+class WordyJudge(JudgeBase):
+    """A plug-in judge with settings of its own."""
+
+    name = "wordy"
+    inline = True
+    settings_model = WordLimit
+
+    def __init__(self, context: JudgeContext) -> None:
+        self.limit = context.settings_as(WordLimit).words
+
+
+def test_plugin_judge_settings_come_from_judge_args(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LIVELOOP_PRM__JUDGE_ARGS__WORDY__WORDS", "7")
+    settings = load_settings(api_keys="secret-api-key", admin_key="secret-admin-key")
+    context = judge_context("wordy", settings.prm, settings.shared(), WordyJudge)
+    assert WordyJudge(context).limit == 7
+    assert "secret" not in repr(context)  # a factory never sees API keys or the admin key
+    monkeypatch.delenv("LIVELOOP_PRM__JUDGE_ARGS__WORDY__WORDS")
+    toml = tmp_path / "judges.toml"
+    toml.write_text("[prm.judge_args.wordy]\nwords = 12\n")
+    settings = load_settings(toml)
+    context = judge_context("wordy", settings.prm, settings.shared(), WordyJudge)
+    assert WordyJudge(context).limit == 12
+    toml.write_text("[prm.judge_args.wordy]\nwords = 0\n")
+    with pytest.raises(ConfigError, match=r"prm\.judge_args\.wordy\.words"):
+        judge_context("wordy", load_settings(toml).prm, settings.shared(), WordyJudge)
+    toml.write_text("[prm.judge_args.feedback]\nwords = 3\n")
+    with pytest.raises(ConfigError, match="judge 'feedback' takes no settings"):
+        judge_context("feedback", load_settings(toml).prm, settings.shared())
+    with pytest.raises(ConfigError, match=r"configured in \[prm\.rules\]"):
+        load_settings(prm={"judge_args": {"rules": {"timeout_score": 0.5}}})
+
+
+def test_judge_protocol_includes_inline_and_aclose() -> None:
+    class Bare:
+        name = "bare"
+
+        async def score(self, request: JudgeRequest) -> JudgeResult | None:
+            return None
+
+    assert not isinstance(Bare(), Judge)  # inline and aclose are part of the protocol
+    assert isinstance(WordyJudge(JudgeContext("wordy")), Judge)
+    assert isinstance(RulesJudge(), Judge) and RulesJudge().inline

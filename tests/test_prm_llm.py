@@ -21,10 +21,17 @@ from fastapi import FastAPI, Request
 
 from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import ScoredTurn
-from liveloop.prm.judges import JudgeError, JudgeRequest, NextState, load_judge
+from liveloop.prm.judges import (
+    JudgeContext,
+    JudgeError,
+    JudgeRequest,
+    NextState,
+    judge_context,
+    load_judge,
+)
 from liveloop.prm.judges.llm import LLMJudge
-from liveloop.prm.synthetic import conversation, make_turn, user, write_turns
 from liveloop.valkey import free_port
+from tests.synthetic import conversation, make_turn, user, write_turns
 from tests.test_prm_loop import count_is, judging, scored, wait_for
 
 SCRIPTS: dict[str, list[str]] = {
@@ -101,6 +108,11 @@ def llm_settings(endpoint: StandInJudgeEndpoint, **llm: Any) -> LiveLoopSettings
     return load_settings(model="judge-model", port=endpoint.port, prm={"llm": llm})
 
 
+def llm_context(settings: LiveLoopSettings) -> JudgeContext:
+    """What the `llm` judge's factory receives under these settings."""
+    return judge_context("llm", settings.prm, settings.shared())
+
+
 def request_for(script: str, reply: str = "Paris is the capital.") -> JudgeRequest:
     turn = make_turn("s", 0, [user("What is the capital of France?")], reply)
     state = NextState(messages=[user(f"SCRIPT:{script} ok, next question")])
@@ -108,7 +120,8 @@ def request_for(script: str, reply: str = "Paris is the capital.") -> JudgeReque
 
 
 async def test_votes_majority_ties_and_malformed_votes(endpoint: StandInJudgeEndpoint) -> None:
-    judge = load_judge("llm", llm_settings(endpoint))
+    settings = llm_settings(endpoint)
+    judge = load_judge("llm", settings.prm, settings.shared())
     assert isinstance(judge, LLMJudge)
     try:
         good = await judge.score(request_for("good"))
@@ -133,20 +146,20 @@ async def test_votes_majority_ties_and_malformed_votes(endpoint: StandInJudgeEnd
 
 async def test_concurrency_limit_and_timeouts(endpoint: StandInJudgeEndpoint) -> None:
     endpoint.delay_s = 0.15
-    judge = LLMJudge(llm_settings(endpoint, concurrency=2))
+    judge = LLMJudge(llm_context(llm_settings(endpoint, concurrency=2)))
     try:
         results = await asyncio.gather(*(judge.score(request_for("good")) for _ in range(3)))
         assert all(r is not None and r.score == 1.0 for r in results)
         assert endpoint.max_in_flight == 2
         endpoint.delay_s = 1.0
-        slow = LLMJudge(llm_settings(endpoint, timeout_s=0.2))
+        slow = LLMJudge(llm_context(llm_settings(endpoint, timeout_s=0.2)))
         with pytest.raises(JudgeError, match="timeout"):
             await slow.score(request_for("good"))
         await slow.aclose()
     finally:
         await judge.aclose()
     unreachable = LLMJudge(
-        load_settings(prm={"llm": {"base_url": f"http://127.0.0.1:{free_port()}/v1"}})
+        llm_context(load_settings(prm={"llm": {"base_url": f"http://127.0.0.1:{free_port()}/v1"}}))
     )
     with pytest.raises(JudgeError, match="no valid vote"):
         await unreachable.score(request_for("good"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,11 +15,19 @@ from liveloop import bus
 from liveloop.bus import StreamConsumer, keys
 from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import Feedback, ScoredTurn, group_key
-from liveloop.prm.judges import Judge, JudgeRequest, JudgeResult, load_judges, message_text
+from liveloop.prm.judges import (
+    Judge,
+    JudgeBase,
+    JudgeRequest,
+    JudgeResult,
+    load_judges,
+    message_text,
+)
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
 from liveloop.prm.service import JudgeService
-from liveloop.prm.synthetic import conversation, make_turn, tool, user, write_turns
+from tests.conftest import wait_for
+from tests.synthetic import conversation, make_turn, tool, user, write_turns
 
 
 def fast_settings(redis_url: str, **prm: Any) -> LiveLoopSettings:
@@ -41,7 +49,7 @@ async def judging(
 ) -> AsyncIterator[JudgeService]:
     metrics = PrmMetrics(CollectorRegistry())
     panel = JudgePanel(
-        judges or load_judges(settings.prm.judges, settings),
+        judges or load_judges(settings.prm.judges, settings.prm, settings.shared()),
         metrics,
         timeout_s=settings.prm.judge_timeout_s,
     )
@@ -57,13 +65,6 @@ async def judging(
 
 async def scored(client: aredis.Redis, stream: str = bus.SCORED) -> list[ScoredTurn]:
     return [bus.decode(f, ScoredTurn) for _id, f in await client.xrange(bus.stream_key(stream))]
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 async def count_is(client: aredis.Redis, key: str, n: int) -> bool:
@@ -99,7 +100,9 @@ async def test_pairs_next_turn_feedback_timeout_and_skips_side_turns(
             bus.FEEDBACK,
             Feedback(session_id="b", turn_index=0, score=0.5, tenant="t"),
         )
-        await asyncio.sleep(0.2)
+        # c's feedback (published first) must be stored before c's turn arrives.
+        c_feedback = keys.early_feedback_key(group_key("c", 0))
+        await wait_for(lambda: key_exists(aredis_client, c_feedback))
         await write_turns(aredis_client, conversation("c", [user("question")]))
         await wait_for(lambda: count_is(aredis_client, "liveloop:scored", 5))
         await asyncio.sleep(0.3)  # nothing more may arrive
@@ -146,7 +149,7 @@ async def test_successor_before_turn_and_redelivery_score_once(
         # Turn 1 is stored before turn 0 (two judge processes racing), and turn 1 is written
         # twice (a producer retry): still each turn is paired with its successor, once.
         await write_turns(aredis_client, [turns[1]])
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: key_exists(aredis_client, keys.waiting_key(turns[1].key)))
         await write_turns(aredis_client, [turns[0], turns[1], turns[2]])
         await wait_for(lambda: count_is(aredis_client, "liveloop:scored", 2))
         await asyncio.sleep(0.3)
@@ -154,7 +157,7 @@ async def test_successor_before_turn_and_redelivery_score_once(
     assert got == {"s:0:0": (-1.0, "next_turn"), "s:1:0": (1.0, "next_turn")}
 
 
-class FlakyJudge:
+class FlakyJudge(JudgeBase):
     """Raises on replies saying 'boom', hangs on 'hang', else scores +1."""
 
     name = "flaky"
@@ -227,7 +230,7 @@ def test_retry_delay_doubles_up_to_the_cap(aredis_client: aredis.Redis) -> None:
     assert [consumer.retry_delay_s(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
 
 
-class SlowJudge:
+class SlowJudge(JudgeBase):
     """Takes longer than the claim time on every turn and counts its calls."""
 
     name = "slow"

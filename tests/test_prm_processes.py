@@ -14,8 +14,9 @@ from pathlib import Path
 import redis
 
 from liveloop.contracts import Feedback
-from liveloop.prm.synthetic import conversation, tool, user
 from liveloop.valkey import free_port
+from tests.conftest import wait_until
+from tests.synthetic import conversation, tool, user
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,10 +66,7 @@ def fill(client: redis.Redis, sessions: int, turns_per_session: int) -> int:
 
 
 def wait_scored(client: redis.Redis, n: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.xlen("liveloop:scored") < n:
-        assert time.monotonic() < deadline, f"only {client.xlen('liveloop:scored')} of {n} scored"
-        time.sleep(0.05)
+    wait_until(lambda: client.xlen("liveloop:scored") >= n, timeout_s, what=f"{n} scored turns")
 
 
 def wait_reading(client: redis.Redis, name: str, since: float, timeout_s: float = 60.0) -> None:
@@ -76,14 +74,13 @@ def wait_reading(client: redis.Redis, name: str, since: float, timeout_s: float 
 
     A judge reads only once it is connected and handles SIGTERM, so it stops cleanly then.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def read_since() -> bool:
         consumers = client.xinfo_consumers("liveloop:turns", "prm")
         idle_ms = next((int(c["idle"]) for c in consumers if c["name"] == name), None)
-        if idle_ms is not None and idle_ms < (time.monotonic() - since) * 1000:
-            return
-        assert time.monotonic() < deadline, f"judge {name} never read after its restart"
-        time.sleep(0.05)
+        return idle_ms is not None and idle_ms < (time.monotonic() - since) * 1000
+
+    wait_until(read_since, timeout_s, what=f"a read by the restarted judge {name}")
 
 
 def stop(*procs: subprocess.Popen[bytes]) -> None:

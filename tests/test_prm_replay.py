@@ -18,7 +18,7 @@ import redis.asyncio as aredis
 from liveloop.config import ConfigError, load_settings
 from liveloop.contracts import Feedback, ScoredTurn, TurnRecord
 from liveloop.prm.main import ReplayOptions, run
-from liveloop.prm.synthetic import conversation, make_turn, user, write_turns
+from tests.synthetic import conversation, make_turn, user, write_turns
 from tests.test_prm_processes import ROOT, judge_env, stop
 
 LONG_REPLY = " ".join(["word"] * 120)
@@ -55,7 +55,11 @@ def test_replay_rescoring_into_separate_stream(
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     settings = load_settings(redis_url=redis_url, prm={"rules": {"timeout_score": 0.0}})
 
-    run(settings, replay=ReplayOptions(judges=["rules"], from_id="-", to_stream="replay-rules"))
+    run(
+        settings.shared(),
+        settings.prm,
+        replay=ReplayOptions(judges=["rules"], from_id="-", to_stream="replay-rules"),
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["replay"]["scored"] == 4 and summary["replay"]["side"] == 1
     got = entries(client, "liveloop:replay-rules")
@@ -69,18 +73,27 @@ def test_replay_rescoring_into_separate_stream(
     assert client.xlen("liveloop:scored") == 0  # the live stream is untouched
     assert client.exists("liveloop:turns") and not client.xinfo_groups("liveloop:turns")
 
-    run(settings, replay=ReplayOptions(judges=["rules"], from_id="-", to_stream="replay-rules"))
+    run(
+        settings.shared(),
+        settings.prm,
+        replay=ReplayOptions(judges=["rules"], from_id="-", to_stream="replay-rules"),
+    )
     assert json.loads(capsys.readouterr().out)["replay"]["duplicate"] == 4
     assert client.xlen("liveloop:replay-rules") == 4  # re-running adds nothing
 
     third_id = client.xrange("liveloop:turns")[2][0]  # a:2 onwards
     run(
-        settings,
+        settings.shared(),
+        settings.prm,
         replay=ReplayOptions(judges=["feedback", "rules"], from_id=third_id, to_stream="since"),
     )
     assert sorted(entries(client, "liveloop:since")) == ["a:2:0", "b:0:0"]
     with pytest.raises(ConfigError, match="separate stream"):
-        run(settings, replay=ReplayOptions(judges=["rules"], to_stream="scored"))
+        run(
+            settings.shared(),
+            settings.prm,
+            replay=ReplayOptions(judges=["rules"], to_stream="scored"),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +114,8 @@ def custom_judge_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_custom_judge_installed_and_used_by_name(redis_url: str, custom_judge_path: Path) -> None:
-    env = judge_env(redis_url, CONCISE_JUDGE_WORDS="50")
+    # The judge's own setting, from [prm.judge_args.concise] (here its environment variable).
+    env = judge_env(redis_url, LIVELOOP_PRM__JUDGE_ARGS__CONCISE__WORDS="40")
     env["PYTHONPATH"] = f"{custom_judge_path}:{env['PYTHONPATH']}"
     turns = conversation("r", [user("q1"), user("q2")], replies=["short answer", LONG_REPLY])
     write(redis_url, turns)
@@ -115,7 +129,8 @@ def test_custom_judge_installed_and_used_by_name(redis_url: str, custom_judge_pa
     assert replay.returncode == 0, replay.stderr
     got = entries(client, "liveloop:concise")
     assert got["r:0:0"].judge == "concise" and got["r:0:0"].score == 1.0
-    assert got["r:1:0"].score == pytest.approx(1 - 2 * 70 / 150)
+    words = len(LONG_REPLY.split())
+    assert got["r:1:0"].score == pytest.approx(1 - 2 * (words - 40) / (3 * 40))
 
     env["LIVELOOP_PRM__JUDGES"] = json.dumps({"concise": 1.0})
     live = subprocess.Popen([sys.executable, "-m", "liveloop.cli", "judge"], env=env, cwd=ROOT)

@@ -21,11 +21,10 @@ from liveloop.quality import WORD, DriftSums, QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.data import build_micro_batch
 from liveloop.trainer.gate import PromotionGate, build_panel
-from liveloop.trainer.loop import Trainer
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import drift_sums
 from tests.server_proc import ADMIN_KEY, ServerProcess
-from tests.test_collector_support import settings_for
+from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
 
 
@@ -79,7 +78,9 @@ def _degrade(model: Any) -> None:
 async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() -> None:
     settings = load_settings(model="tiny-random", trainer={"gate": {"max_kl": 1.0}})
     policy = load_policy("tiny-random", "cpu", settings.trainer.lora, with_reference=True)
-    gate = PromotionGate(settings, build_panel(settings))
+    gate = PromotionGate(
+        settings.model, settings.trainer.gate, build_panel(settings.prm, settings.shared())
+    )
     await gate.start(policy, 0)
     assert gate.version0 is not None and gate.version0.kl_ref == pytest.approx(0.0, abs=1e-6)
     unchanged = gate.decide(await gate.probe(policy, 1))
@@ -118,7 +119,7 @@ async def test_a_refused_version_is_never_served_and_training_goes_on_from_the_l
         wild = settings_for(
             redis_url, data_dir, trainer={"lr": 1.0, "max_updates": 1, "gate": gate}
         )
-        trainer = Trainer(wild)  # Adam at lr 1 moves every weight by ~1: degraded
+        trainer = trainer_of(wild)  # Adam at lr 1 moves every weight by ~1: degraded
         await trainer.run()
         assert trainer.version == 0 and trainer.rejected == 1 and trainer.next_version == 2
         base = load_policy("tiny-random", "cpu", wild.trainer.lora).model
@@ -132,7 +133,7 @@ async def test_a_refused_version_is_never_served_and_training_goes_on_from_the_l
         calm = settings_for(
             redis_url, data_dir, trainer={"lr": 1e-9, "max_updates": 1, "gate": gate}
         )
-        again = Trainer(calm)
+        again = trainer_of(calm)
         await again.run()
         assert again.version == 2 and again.rejected == 0  # numbers are never reused
         assert [(a.version, a.status) for a in await _announced(aredis_client)] == [
@@ -166,7 +167,7 @@ async def test_the_judging_loop_counts_every_finished_turn_per_version(
     aredis_client: aredis.Redis, redis_url: str
 ) -> None:
     """Judged turns add their score and words to their version; silent ones count unscored."""
-    from liveloop.prm.synthetic import conversation, user, write_turns
+    from tests.synthetic import conversation, user, write_turns
     from tests.test_prm_loop import fast_settings, judging, wait_for
 
     settings = fast_settings(redis_url, rules={"timeout_score": None})

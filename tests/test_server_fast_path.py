@@ -15,10 +15,10 @@ import pytest
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
+from liveloop.server.api.auth import Authenticator
 from liveloop.server.api.chat import fast_path
 from liveloop.server.api.chat.fast_path import ChatFastPath
 from liveloop.server.api.errors import APIError
-from liveloop.server.auth import Authenticator
 
 KEY = "sk-fast-path"
 BODY = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]}

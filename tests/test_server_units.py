@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aredis
 
-from liveloop.config import tenant_id
+from liveloop.server.api.auth import Authenticator, tenant_id
 from liveloop.server.api.chat.sample import SampleState, TokenText
 from liveloop.server.api.errors import APIError
-from liveloop.server.auth import Authenticator
 from liveloop.server.engine import TokenOutput
 from liveloop.server.prompting import PromptBuilder
 from liveloop.server.sessions import (

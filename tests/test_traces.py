@@ -6,7 +6,7 @@ import asyncio
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from liveloop import bus
 from liveloop.contracts import TurnRecord
 from liveloop.server.traces import TraceWriter
 from liveloop.valkey import EmbeddedValkey, free_port
+from tests.conftest import wait_for
 
 
 def fast_writer(url: str, spool_dir: Path, registry: CollectorRegistry) -> TraceWriter:
@@ -47,14 +48,6 @@ def make_turn(i: int, session: str = "sess") -> TurnRecord:
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     value = registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
-
-
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 async def stream_turns(url: str) -> list[TurnRecord]:

@@ -10,7 +10,7 @@ import torch
 from liveloop.config import load_settings
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
-from liveloop.trainer.data import balanced_split, build_micro_batch, micro_batches, sample_tokens
+from liveloop.trainer.data import balanced_split, build_micro_batch, micro_batches
 from liveloop.trainer.policy import Policy, completion_logprobs, load_policy
 from liveloop.trainer.ppo import PPOUpdater
 
@@ -86,7 +86,7 @@ def test_micro_batching_does_not_change_the_update() -> None:
         torch.testing.assert_close(x.grad, y.grad, atol=1e-6, rtol=1e-3)
         torch.testing.assert_close(x, y, atol=5e-5, rtol=0)
     assert stats.samples == 8 and stats.optimizer_steps == 1
-    assert stats.forward_tokens == sum(sample_tokens(s) for s in samples)
+    assert stats.forward_tokens == sum(s.num_tokens for s in samples)
 
 
 def test_later_minibatches_are_anchored_to_the_proximal_policy() -> None:
@@ -113,8 +113,8 @@ def test_balanced_split_ignores_arrival_order() -> None:
     parts = balanced_split(samples, 2)
     again = balanced_split(list(reversed(samples)), 2)
     assert [[s.key for s in p] for p in parts] == [[s.key for s in p] for p in again]
-    loads = [sum(sample_tokens(s) for s in p) for p in parts]
-    assert abs(loads[0] - loads[1]) <= max(sample_tokens(s) for s in samples)
+    loads = [sum(s.num_tokens for s in p) for p in parts]
+    assert abs(loads[0] - loads[1]) <= max(s.num_tokens for s in samples)
 
 
 def test_importance_cap_masks_tokens_from_a_distant_behaviour_policy() -> None:

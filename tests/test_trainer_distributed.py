@@ -17,8 +17,7 @@ from liveloop import bus
 from liveloop.collector.writer import BatchWriter
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.registry import Registry
-from liveloop.trainer.loop import Trainer
-from tests.test_collector_support import settings_for
+from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +47,7 @@ async def test_two_processes_train_like_one(
     single = settings_for(
         redis_url, one, trainer={"lr": LR, "max_updates": 2, "read_block_ms": 100}
     )
-    await Trainer(single).run()
+    await trainer_of(single).run()
     single_metrics = await metrics_of(aredis_client)
 
     await aredis_client.flushdb()

@@ -15,8 +15,7 @@ from liveloop.config import LiveLoopSettings
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.models import load_model
 from liveloop.registry import Registry
-from liveloop.trainer.loop import Trainer
-from tests.test_collector_support import settings_for
+from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
 
 
@@ -45,7 +44,7 @@ async def test_publishes_versions_and_resumes_after_restart(
     spilled = list((data_dir / "batches").glob("*.json"))
     assert len(spilled) == 1
 
-    trainer = Trainer(settings(redis_url, data_dir, max_updates=2, keep_checkpoints=2))
+    trainer = trainer_of(settings(redis_url, data_dir, max_updates=2, keep_checkpoints=2))
     await trainer.run()
     assert trainer.version == 2
 
@@ -56,7 +55,7 @@ async def test_publishes_versions_and_resumes_after_restart(
     assert torch.equal(emb, trainer.updater.policy.model.get_input_embeddings().weight)
     assert not torch.equal(emb, base_embedding())
 
-    with Registry.open(trainer.settings.effective_db_url) as reg:
+    with Registry.open(trainer.shared.effective_db_url) as reg:
         rows = reg.list_model_versions()
     assert [(r.version, r.parent) for r in rows] == [(2, 1), (1, 0)]
     assert rows[0].path == str(ckpt.resolve()) and "loss" in rows[0].metrics
@@ -72,7 +71,7 @@ async def test_publishes_versions_and_resumes_after_restart(
     await aredis_client.xadd("liveloop:batches", fields)
     await writer.write(make_samples(2, seed=11), 2)
 
-    again = Trainer(settings(redis_url, data_dir, max_updates=1, keep_checkpoints=2))
+    again = trainer_of(settings(redis_url, data_dir, max_updates=1, keep_checkpoints=2))
     again.setup()
     assert again.version == 2
     resumed = again.updater.optimizer.state_dict()["state"]
@@ -85,7 +84,7 @@ async def test_publishes_versions_and_resumes_after_restart(
     assert again.version == 3 and again.updates_done == 1
     assert again.metrics.dropped.labels("duplicate_batch")._value.get() == 3  # its samples
     assert sorted(p.name for p in (data_dir / "checkpoints").glob("v*")) == ["v2", "v3"]
-    with Registry.open(again.settings.effective_db_url) as reg:
+    with Registry.open(again.shared.effective_db_url) as reg:
         assert [r.version for r in reg.list_model_versions()] == [3, 2]
     assert [a.version for a in await announcements(aredis_client)] == [1, 2, 3]
 
@@ -97,7 +96,7 @@ async def test_lora_checkpoints_hold_merged_weights_and_resume_the_adapter(
     await writer.write(make_samples(4, seed=12), 0)
     lora = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     s = settings(redis_url, data_dir, max_updates=1, lora=lora, lr=1e-2)
-    trainer = Trainer(s)
+    trainer = trainer_of(s)
     await trainer.run()
     ckpt = data_dir / "checkpoints" / "v1"
     tensors = load_file(str(ckpt / "model.safetensors"))
@@ -110,7 +109,7 @@ async def test_lora_checkpoints_hold_merged_weights_and_resume_the_adapter(
         merged.state_dict()["model.norm.weight"], base.state_dict()["model.norm.weight"]
     )
 
-    again = Trainer(s)
+    again = trainer_of(s)
     again.setup()
     assert again.version == 1 and again.updater is not None
     before = {k: v for k, v in trainer.updater.policy.model.state_dict().items() if "lora_" in k}
@@ -124,8 +123,8 @@ def test_trainer_applies_the_staleness_bound_again(redis_url: str, data_dir: Pat
     for sample, oldest in zip(samples, (3, 2, 1), strict=True):
         sample.versions = [oldest] + [3] * (len(sample.versions) - 1)
     s = settings(redis_url, data_dir)
-    s.collector.max_staleness = 1
-    trainer = Trainer(s)
+    s.max_staleness = 1
+    trainer = trainer_of(s)
     trainer.state.version = 3  # batches queued while the trainer moved on
     kept = trainer._trainable(samples)
     assert [x.key for x in kept] == [samples[0].key, samples[1].key]

@@ -6,7 +6,7 @@ import asyncio
 import copy
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from liveloop.server.engine import SamplingParams, TokenOutput, TorchEngine
 from liveloop.server.traces import WeightFollower
 from liveloop.valkey import EmbeddedValkey
 from liveloop.weights import CheckpointError, load_checkpoint_state_dict
+from tests.conftest import wait_for
 
 PROMPT = [1, 504, 3458, 28, 2]
 
@@ -56,16 +57,9 @@ def swaps(registry: CollectorRegistry, outcome: str) -> float:
     return registry.get_sample_value("liveloop_weight_swaps_total", {"outcome": outcome}) or 0.0
 
 
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
-
-
-async def announce(client: aredis.Redis, version: int, path: Path) -> None:
-    await bus.publish(client, bus.WEIGHTS, WeightsAnnouncement(version=version, path=str(path)))
+async def announce(client: aredis.Redis, version: int, path: Path) -> str | None:
+    announcement = WeightsAnnouncement(version=version, path=str(path))
+    return await bus.publish(client, bus.WEIGHTS, announcement)
 
 
 async def generate(engine: TorchEngine, max_tokens: int) -> list[TokenOutput]:
@@ -129,8 +123,8 @@ async def test_restarted_follower_picks_the_newest_announcement_and_skips_old_on
     await wait_for(lambda: engine.version == 2)
     assert weights_equal(tiny.model, newest)
     await announce(aredis_client, 1, tmp_path / "v1")  # stale: must be skipped
-    await announce(aredis_client, 2, tmp_path / "missing")  # same version: skipped, no load
-    await asyncio.sleep(0.5)
+    last = await announce(aredis_client, 2, tmp_path / "missing")  # same version: no load
+    await wait_for(lambda: follower.cursor == last)  # both were read (and considered)
     await follower.stop()
     assert engine.version == 2 and weights_equal(tiny.model, newest)
     assert swaps(registry, "ok") == 1 and swaps(registry, "refused") == 0

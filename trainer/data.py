@@ -15,14 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from liveloop.contracts import BatchSample
+from liveloop.samples import first_fit_decreasing
 
 if TYPE_CHECKING:
     import torch
-
-
-def sample_tokens(sample: BatchSample) -> int:
-    """Tokens a sample occupies in a forward pass."""
-    return len(sample.prompt_token_ids) + len(sample.completion_token_ids)
 
 
 def balanced_split(samples: Sequence[BatchSample], parts: int) -> list[list[BatchSample]]:
@@ -31,13 +27,13 @@ def balanced_split(samples: Sequence[BatchSample], parts: int) -> list[list[Batc
     Ties go to the lowest index, and samples are ordered by (tokens, key) first, so the
     result depends only on the samples, never on arrival order.
     """
-    ordered = sorted(samples, key=lambda s: (-sample_tokens(s), s.key))
+    ordered = sorted(samples, key=lambda s: (-s.num_tokens, s.key))
     bins: list[list[BatchSample]] = [[] for _ in range(parts)]
     loads = [0] * parts
     for sample in ordered:
         target = min(range(parts), key=lambda i: (loads[i], i))
         bins[target].append(sample)
-        loads[target] += sample_tokens(sample)
+        loads[target] += sample.num_tokens
     return bins
 
 
@@ -49,7 +45,7 @@ class MicroBatch:
     position_ids: torch.Tensor  # [1, T]
     logit_index: torch.Tensor  # [N] row positions whose logits predict a completion token
     targets: torch.Tensor  # [N] the completion tokens
-    behaviour: torch.Tensor  # [N] behaviour log-probs
+    logprobs: torch.Tensor  # [N] the behaviour log-probs recorded at serving (`logprobs`)
     advantages: torch.Tensor  # [N] the sample's advantage, per token
     num_tokens: int  # T: tokens in the forward pass
     num_samples: int
@@ -64,19 +60,7 @@ class MicroBatch:
 
 def pack_bins(samples: Sequence[BatchSample], max_tokens: int) -> list[list[BatchSample]]:
     """First-fit decreasing into bins of at most `max_tokens` (a longer sample gets its own)."""
-    bins: list[list[BatchSample]] = []
-    loads: list[int] = []
-    for sample in sorted(samples, key=lambda s: (-sample_tokens(s), s.key)):
-        size = sample_tokens(sample)
-        for i, load in enumerate(loads):
-            if load + size <= max_tokens:
-                bins[i].append(sample)
-                loads[i] += size
-                break
-        else:
-            bins.append([sample])
-            loads.append(size)
-    return bins
+    return first_fit_decreasing(samples, lambda s: s.num_tokens, max_tokens, lambda s: s.key)
 
 
 def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> MicroBatch:
@@ -87,7 +71,7 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
     positions: list[int] = []
     logit_index: list[int] = []
     targets: list[int] = []
-    behaviour: list[float] = []
+    logprobs: list[float] = []
     advantages: list[float] = []
     segments: list[tuple[int, int]] = []
     for sample in samples:
@@ -98,15 +82,15 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
         first = start + len(sample.prompt_token_ids) - 1  # logits here predict completion[0]
         logit_index += range(first, first + len(sample.completion_token_ids))
         targets += sample.completion_token_ids
-        behaviour += sample.logprobs
+        logprobs += sample.logprobs
         advantages += [sample.advantage] * len(sample.completion_token_ids)
-        segments.append((len(sample.completion_token_ids), min(sample.versions, default=0)))
+        segments.append((len(sample.completion_token_ids), sample.min_version))
     return MicroBatch(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
         logit_index=torch.tensor(logit_index, dtype=torch.long, device=device),
         targets=torch.tensor(targets, dtype=torch.long, device=device),
-        behaviour=torch.tensor(behaviour, dtype=torch.float32, device=device),
+        logprobs=torch.tensor(logprobs, dtype=torch.float32, device=device),
         advantages=torch.tensor(advantages, dtype=torch.float32, device=device),
         num_tokens=len(ids),
         num_samples=len(samples),
@@ -119,14 +103,3 @@ def micro_batches(
 ) -> list[MicroBatch]:
     """The micro-batches of one rank's share of a minibatch."""
     return [build_micro_batch(b, device) for b in pack_bins(samples, max_tokens)]
-
-
-def validate_sample(sample: BatchSample) -> str | None:
-    """Why a sample cannot be trained on, or None when it can."""
-    if not sample.prompt_token_ids:
-        return "empty prompt"
-    if not sample.completion_token_ids:
-        return "empty completion"
-    if len(sample.logprobs) != len(sample.completion_token_ids):
-        return "logprobs and completion differ in length"
-    return None

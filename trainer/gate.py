@@ -21,8 +21,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from liveloop.config import LiveLoopSettings
+from liveloop.config import JudgeConfig, SharedSettings
 from liveloop.config.defaults import model_defaults
+from liveloop.config.gate import GateSettings
 from liveloop.prm.judges.registry import load_judges
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
@@ -49,10 +50,10 @@ class GateVerdict(BaseModel):
     probe: ProbeResult
 
 
-def build_panel(settings: LiveLoopSettings) -> JudgePanel:
+def build_panel(judging: JudgeConfig, shared: SharedSettings) -> JudgePanel:
     """The configured judges, as the judging loop would build them (validated at start-up)."""
-    judges = load_judges(settings.prm.judges, settings)
-    return JudgePanel(judges, PrmMetrics(CollectorRegistry()), settings.prm.judge_timeout_s)
+    judges = load_judges(judging.judges, judging, shared)
+    return JudgePanel(judges, PrmMetrics(CollectorRegistry()), judging.judge_timeout_s)
 
 
 @contextlib.contextmanager
@@ -70,12 +71,12 @@ def reference_weights(policy: Policy) -> Iterator[Any]:
 class PromotionGate:
     """Probes a candidate's weights and decides whether it may replace the serving version."""
 
-    def __init__(self, settings: LiveLoopSettings, panel: JudgePanel) -> None:
-        self.settings = settings
-        self.cfg = settings.trainer.gate
+    def __init__(self, model: str, cfg: GateSettings, panel: JudgePanel) -> None:
+        self.model = model
+        self.cfg = cfg
         self.panel = panel
-        self.probes = probe_set(settings)
-        defaults = model_defaults(settings.model)
+        self.probes = probe_set(cfg, model)
+        defaults = model_defaults(model)
         self.max_tokens = self.cfg.max_tokens or defaults.reply_tokens
         self.max_kl = self.cfg.max_kl if self.cfg.max_kl is not None else defaults.gate_max_kl
         self.version0: ProbeResult | None = None
@@ -113,7 +114,7 @@ class PromotionGate:
         started = time.perf_counter()
         sampled, own, reference = await asyncio.to_thread(self._sample, policy, version)
         replies = await judge_replies(
-            self.panel, self.probes, sampled, version, self.settings.model, self.cfg.seed
+            self.panel, self.probes, sampled, version, self.model, self.cfg.seed
         )
         result = summarise(version, self.probes, replies, own, reference)
         result.seconds = time.perf_counter() - started

@@ -27,14 +27,13 @@ import redis
 import redis.asyncio as aredis
 
 from liveloop import bus
-from liveloop.config import LiveLoopSettings
+from liveloop.config import JudgeConfig, SharedSettings, TrainerConfig
 from liveloop.config.defaults import model_defaults
-from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
 from liveloop.quality import QualityStore
 from liveloop.registry import Registry
+from liveloop.samples import staleness, untrainable, within_staleness
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
-from liveloop.trainer.data import validate_sample
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.gate import GateVerdict, PromotionGate, build_panel
 from liveloop.trainer.metrics import TrainerMetrics
@@ -60,11 +59,10 @@ class StepMessage:
     version: int = 0  # the version to go back to ("revert")
 
 
-def resolved_config(settings: LiveLoopSettings) -> TrainerConfig:
+def resolved_config(cfg: TrainerConfig, model: str) -> TrainerConfig:
     """The trainer settings with model-dependent defaults filled in (the KL coefficient)."""
-    cfg = settings.trainer
     if cfg.kl_coef is None:
-        cfg = cfg.model_copy(update={"kl_coef": model_defaults(settings.model).kl_coef})
+        cfg = cfg.model_copy(update={"kl_coef": model_defaults(model).kl_coef})
     return cfg
 
 
@@ -73,16 +71,19 @@ class Trainer:
 
     def __init__(
         self,
-        settings: LiveLoopSettings,
+        shared: SharedSettings,
+        cfg: TrainerConfig,
         *,
+        judging: JudgeConfig | None = None,
         metrics: TrainerMetrics | None = None,
         comm: Comm | None = None,
     ) -> None:
-        self.settings = settings
-        self.cfg = resolved_config(settings)
+        self.shared = shared
+        self.judging = judging or JudgeConfig()  # the promotion gate judges probe replies
+        self.cfg = resolved_config(cfg, shared.model)
         self.metrics = metrics or TrainerMetrics()
         self.comm = comm or Comm()
-        self.store = CheckpointStore(settings.checkpoints_dir, self.cfg.keep_checkpoints)
+        self.store = CheckpointStore(shared.checkpoints_dir, self.cfg.keep_checkpoints)
         self.state = TrainerState(version=0, parent=None)
         self.next_version = 1
         self.updater: PPOUpdater | None = None
@@ -122,7 +123,7 @@ class Trainer:
         """Weights, optimizer state and trainer state of a checkpoint (None: the base model)."""
         checkpoint = self.store.path_for(version) if version else None
         policy = load_policy(
-            self.settings.model,
+            self.shared.model,
             self.cfg.device,
             self.cfg.lora,
             checkpoint=checkpoint,
@@ -172,14 +173,17 @@ class Trainer:
             raise
 
     async def _serve(self) -> None:
-        client = await bus.connect(self._redis_url())
-        registry = await asyncio.to_thread(Registry.open, self.settings.effective_db_url)
+        client = await bus.connect(self.shared.require_redis("train"))
+        registry = await asyncio.to_thread(Registry.open, self.shared.effective_db_url)
         run_id = await asyncio.to_thread(registry.start_run, "train", self._run_config())
         self.quality = QualityStore(client)
         reporter = QualityReporter(self.quality, registry, self.metrics.registry)
         reporting = asyncio.create_task(reporter.run(self.cfg.quality_interval_s))
         status = "failed"
         try:
+            log.info("training %s from v%d as consumer %s%s", self.shared.model, self.version,
+                     self.cfg.consumer_name, " (new versions pass the promotion gate)"
+                     if self.gated else "")  # fmt: skip
             await self._start_gate(registry)
             await self._lead_through_outages(client, registry, run_id)
             status = "finished"
@@ -195,7 +199,9 @@ class Trainer:
         """Probe version 0 and the serving version once, before the first update."""
         if not self.gated:
             return
-        self.gate = PromotionGate(self.settings, build_panel(self.settings))
+        self.gate = PromotionGate(
+            self.shared.model, self.cfg.gate, build_panel(self.judging, self.shared)
+        )
         await self.gate.start(self._updater().policy, self.version)
         assert self.gate.version0 is not None
         await asyncio.to_thread(
@@ -212,12 +218,12 @@ class Trainer:
         the batch, delivered again, must not be applied on top of it a second time.
         """
         pause = RETRY_INITIAL_S
-        transport = setup_weight_transport(self.settings.checkpoints_dir, client)
+        transport = setup_weight_transport(self.shared.checkpoints_dir, client)
         while True:
             publisher = Publisher(transport, registry, run_id)
             source = BatchSource(
                 client,
-                self.settings.data_dir,
+                self.shared.data_dir,
                 consumer=self.cfg.consumer_name,
                 claim_idle_ms=self.cfg.claim_idle_ms,
             )
@@ -234,13 +240,8 @@ class Trainer:
                 pause = min(pause * 2, RETRY_MAX_S)
                 await asyncio.to_thread(self.setup)
 
-    def _redis_url(self) -> str:
-        if not self.settings.redis_url:
-            raise bus.BusUnavailable("liveloop train needs --redis-url (or LIVELOOP_REDIS_URL)")
-        return self.settings.redis_url
-
     def _run_config(self) -> dict[str, object]:
-        return {"model": self.settings.model, "world": self.comm.world, **self.cfg.model_dump()}
+        return {"model": self.shared.model, "world": self.comm.world, **self.cfg.model_dump()}
 
     async def _reconcile(self, publisher: Publisher) -> None:
         """Make sure the checkpoint we resumed from is recorded and announced."""
@@ -284,20 +285,19 @@ class Trainer:
         return item, StepMessage("batch", samples)
 
     def _trainable(self, samples: list[BatchSample]) -> list[BatchSample]:
-        """Valid samples within the staleness bound of the current version."""
-        bound = self.settings.collector.max_staleness
+        """Valid samples within the staleness bound of the current version (the collector's
+        checks, applied again: the trainer may have moved on since the batch was packed)."""
         kept = []
         for sample in samples:
-            problem = validate_sample(sample)
+            problem = untrainable(sample)
             if problem is not None:
-                log.warning("dropping sample %s: %s", sample.key, problem)
+                log.warning("dropping sample %s: %s", sample.key, problem.detail)
                 self.metrics.dropped.labels("invalid").inc()
                 continue
-            lag = self.version - min(sample.versions, default=self.version)
-            if lag > bound:
+            if not within_staleness(sample, self.version, self.shared.max_staleness):
                 self.metrics.dropped.labels("stale").inc()
                 continue
-            self.metrics.staleness.observe(max(lag, 0))
+            self.metrics.staleness.observe(max(staleness(sample, self.version), 0))
             kept.append(sample)
         return kept
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry
 
-from liveloop.config import LiveLoopSettings
+from liveloop.config import JudgeConfig, SharedSettings, TrainerConfig
 from liveloop.probes import LoopProbes
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.loop import Trainer
@@ -43,14 +43,17 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run(settings: LiveLoopSettings) -> None:
-    """Train until stopped (or `trainer.max_updates`), publishing a version per batch."""
-    comm = Comm.from_environment(settings.trainer.device)
+def run(shared: SharedSettings, cfg: TrainerConfig, judging: JudgeConfig) -> None:
+    """Train until stopped (or `trainer.max_updates`), publishing a version per batch.
+
+    `judging` (the judges and their settings) is what the promotion gate judges probes with.
+    """
+    comm = Comm.from_environment(cfg.device)
     metrics = TrainerMetrics(CollectorRegistry())
-    probes = LoopProbes(metrics.registry, settings.redis_url)
-    if comm.is_main and settings.metrics_port is not None:
-        probes.start(settings.metrics_port, settings.host)
-    trainer = Trainer(settings, metrics=metrics, comm=comm)
+    probes = LoopProbes(metrics.registry, shared.redis_url)
+    if comm.is_main and shared.metrics_port is not None:
+        probes.start(shared.metrics_port, shared.host)
+    trainer = Trainer(shared, cfg, judging=judging, metrics=metrics, comm=comm)
     try:
         probes.mark_ready()
         with stop_on_signals(trainer.stop):

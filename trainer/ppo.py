@@ -77,7 +77,7 @@ def drift_sums(mb: MicroBatch, reference: torch.Tensor) -> dict[int, DriftSums]:
     import torch
 
     with torch.no_grad():
-        d = reference - mb.behaviour
+        d = reference - mb.logprobs
         k3 = torch.exp(d) - d - 1.0
         out: dict[int, DriftSums] = {}
         offset = 0
@@ -192,7 +192,7 @@ class PPOUpdater:
                 current, entropy = completion_logprobs(self.policy.model, mb, with_entropy=True)
                 prox = proximal.get((i, j), current.detach())
                 terms = decoupled_ppo_loss(
-                    current, prox, mb.behaviour, mb.advantages, self.loss_cfg, reference.get((i, j))
+                    current, prox, mb.logprobs, mb.advantages, self.loss_cfg, reference.get((i, j))
                 )
                 (terms.loss_sum / mini_targets[i]).backward()
                 totals.add(terms, entropy)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
+from liveloop.config.gate import GateSettings
 from liveloop.contracts import BatchSample, TurnRecord
 from liveloop.demo.language import distinct_n, read_reply
 from liveloop.demo.preferences import Question, WordLimit, make_population
@@ -41,12 +41,11 @@ class Probe:
     user: WordLimit | None = None
 
 
-def probe_set(settings: LiveLoopSettings) -> list[Probe]:
+def probe_set(gate: GateSettings, model: str) -> list[Probe]:
     """Operator prompts, or else one question from each held-out simulated user."""
-    gate = settings.trainer.gate
     if gate.prompts:
         return [Probe(Question(text)) for text in gate.prompts]
-    defaults = model_defaults(settings.model)
+    defaults = model_defaults(model)
     people = make_population(
         gate.probe_users, gate.seed, defaults.word_limits, strict=defaults.has_language
     )

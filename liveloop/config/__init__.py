@@ -8,7 +8,6 @@ e.g. `LIVELOOP_TRAINER__LR=1e-5`), and CLI flags. Unknown keys and bad values ra
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Self
 
@@ -20,14 +19,17 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from liveloop.config.base import ConfigError
 from liveloop.config.collector import CollectorConfig
 from liveloop.config.demo import DemoConfig
 from liveloop.config.prm import JudgeConfig, LLMJudgeConfig
 from liveloop.config.server import ServerConfig
 from liveloop.config.sglang import SGLangConfig
+from liveloop.config.shared import AuthSettings, SharedSettings
 from liveloop.config.trainer import LoraSettings, TrainerConfig
 
 __all__ = [
+    "AuthSettings",
     "CollectorConfig",
     "ConfigError",
     "DemoConfig",
@@ -37,17 +39,14 @@ __all__ = [
     "LoraSettings",
     "SGLangConfig",
     "ServerConfig",
+    "SharedSettings",
     "TrainerConfig",
     "load_settings",
 ]
 
 
-class ConfigError(ValueError):
-    """A configuration problem, with a one-line message naming the offending key."""
-
-
-class LiveLoopSettings(BaseSettings):
-    """The whole configuration: common settings plus one section per loop."""
+class LiveLoopSettings(SharedSettings, BaseSettings):
+    """The whole configuration: shared settings, the server's secrets, one section per loop."""
 
     model_config = SettingsConfigDict(
         env_prefix="LIVELOOP_",
@@ -56,31 +55,10 @@ class LiveLoopSettings(BaseSettings):
         validate_assignment=True,
     )
 
-    data_dir: Path = Field(
-        Path(".liveloop"),
-        description="SQLite file, checkpoints, spool, embedded Valkey data and demo reports.",
-    )
-    model: str = Field(
-        "smollm2-135m",
-        description="Local HF directory, hub id, .gguf file, or alias (smollm2-135m, tiny-random).",
-    )
-    host: str = Field("127.0.0.1", description="Address the HTTP server binds to.")
-    port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP server (0 = any free).")
-    redis_url: str | None = Field(
-        None, description="Redis/Valkey URL; unset: `liveloop up` starts the embedded Valkey."
-    )
-    db_url: str | None = Field(
-        None, description="SQLAlchemy URL of the registry; unset: SQLite under the data dir."
-    )
     api_keys: str = Field(
         "", description="Comma-separated API keys accepted as Bearer tokens; empty = open."
     )
     admin_key: str | None = Field(None, description="Key for /admin/* routes; unset = admin off.")
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Port of /metrics for judge/collect/train; unset = none."
-    )
-    log_level: str = Field("INFO", description="Python logging level.")
-    seed: int = Field(0, description="Global seed (model init for tiny-random, sampling defaults).")
     server: ServerConfig = Field(default_factory=ServerConfig)
     prm: JudgeConfig = Field(default_factory=JudgeConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
@@ -106,33 +84,20 @@ class LiveLoopSettings(BaseSettings):
             raise ValueError("admin_key must differ from every API key in api_keys")
         return self
 
-    # Derived locations -------------------------------------------------------------
+    def shared(self) -> SharedSettings:
+        """The shared part, for a loop (no section, no secret)."""
+        return SharedSettings.model_validate(
+            self.model_dump(include=set(SharedSettings.model_fields))
+        )
+
+    def auth(self) -> AuthSettings:
+        """The serving loop's secrets."""
+        return AuthSettings(api_keys=self.api_key_list, admin_key=self.admin_key)
+
     @property
     def api_key_list(self) -> list[str]:
         """The accepted API keys, parsed from the comma-separated setting."""
         return [k.strip() for k in self.api_keys.split(",") if k.strip()]
-
-    @property
-    def effective_db_url(self) -> str:
-        """The registry URL: `db_url`, or a SQLite file under the data dir."""
-        return self.db_url or f"sqlite:///{(self.data_dir / 'registry.sqlite').resolve()}"
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        """Where the trainer writes checkpoints."""
-        return self.data_dir / "checkpoints"
-
-    @property
-    def spool_dir(self) -> Path:
-        """Where the server spools turn records while Redis is unreachable."""
-        return self.data_dir / "spool"
-
-
-def tenant_id(api_key: str | None) -> str:
-    """A stable, non-reversible id of an API key (never the key itself)."""
-    if not api_key:
-        return "anonymous"
-    return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
 def _format_validation_error(exc: ValidationError) -> str:

@@ -1,4 +1,4 @@
-"""Shared base class for config sections: unknown keys are errors, not silently ignored."""
+"""Shared base of config sections (unknown keys are errors, not silently ignored), and the error."""
 
 from pydantic import BaseModel, ConfigDict
 
@@ -7,3 +7,7 @@ class Section(BaseModel):
     """A config section. `extra="forbid"` makes a typo in TOML or env stop start-up."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a one-line message naming the offending key."""

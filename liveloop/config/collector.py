@@ -8,17 +8,8 @@ from liveloop.config.base import Section
 
 
 class CollectorConfig(Section):
-    """Staleness bound, advantage estimation and batch packing."""
+    """Advantage estimation and batch packing (the staleness bound is `max_staleness`, shared)."""
 
-    max_staleness: int = Field(
-        4,
-        ge=0,
-        description=(
-            "Drop turns whose oldest token is more than this many versions behind the trainer; "
-            "0 = on-policy only (the synchronous baseline). The trainer applies the same bound "
-            "again when a batch reaches it."
-        ),
-    )
     token_budget: int = Field(
         4096, ge=64, description="Most tokens (prompt + completion) packed into one batch."
     )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from liveloop.config.base import Section
 
@@ -56,6 +57,9 @@ DEFAULT_TOOL_ERRORS = [
     r"\bcommand not found\b",
     r"\bno such file or directory\b",
 ]
+
+
+BUILTIN_SECTIONS = ("rules", "llm")  # judges whose settings have a section of their own
 
 
 def _check_patterns(patterns: list[str]) -> list[str]:
@@ -190,6 +194,31 @@ class JudgeConfig(Section):
     )
     rules: RulesJudgeConfig = Field(default_factory=RulesJudgeConfig)
     llm: LLMJudgeConfig = Field(default_factory=LLMJudgeConfig)
+    judge_args: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Settings of plug-in judges, by judge name (`[prm.judge_args.<name>]`, "
+        "`LIVELOOP_PRM__JUDGE_ARGS__<NAME>__<FIELD>`), checked at start-up against the "
+        "judge's own settings model. The built-in judges have their sections: `rules`, `llm`.",
+    )
+
+    @field_validator("judge_args")
+    @classmethod
+    def _not_builtin_sections(cls, args: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in args:
+            if name in BUILTIN_SECTIONS:
+                raise ValueError(f"judge {name!r} is configured in [prm.{name}]")
+        return args
+
+    def args_for(self, name: str) -> BaseModel | dict[str, Any]:
+        """The settings given for judge `name`: its section, or its `judge_args` entry."""
+        if name in BUILTIN_SECTIONS:
+            section: BaseModel = getattr(self, name)
+            return section
+        return self.judge_args.get(name, {})
+
+    def args_location(self, name: str) -> str:
+        """Where judge `name`'s settings live, for error messages."""
+        return f"prm.{name}" if name in BUILTIN_SECTIONS else f"prm.judge_args.{name}"
 
     @field_validator("judges")
     @classmethod

@@ -6,27 +6,36 @@ when configured, so `liveloop judge` with the rules judge never imports the open
 
 from liveloop.prm.judges.base import (
     Judge,
+    JudgeBase,
+    JudgeContext,
     JudgeError,
     JudgeRequest,
     JudgeResult,
     NextState,
-    Signal,
     TurnHead,
     message_text,
     validate_result,
 )
-from liveloop.prm.judges.registry import GROUP, available_judges, load_judge, load_judges
+from liveloop.prm.judges.registry import (
+    GROUP,
+    available_judges,
+    judge_context,
+    load_judge,
+    load_judges,
+)
 
 __all__ = [
     "GROUP",
     "Judge",
+    "JudgeBase",
+    "JudgeContext",
     "JudgeError",
     "JudgeRequest",
     "JudgeResult",
     "NextState",
-    "Signal",
     "TurnHead",
     "available_judges",
+    "judge_context",
     "load_judge",
     "load_judges",
     "message_text",

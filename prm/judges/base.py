@@ -1,28 +1,59 @@
 """The judge plugin protocol: what a judge gets, what it returns, and how its output is checked.
 
-A judge is any object with a `name` and an async `score(request)` method. The judging loop
+A judge (`Judge`) has a `name`, an async `score(request)`, an `inline` flag and an async
+`aclose()`; subclassing `JudgeBase` gives the defaults of the last two. The judging loop
 builds one `JudgeRequest` per turn (the request messages, the assistant's response and the
 next state that followed) and expects a `JudgeResult`, or None when the judge has no
 opinion on this turn (for example the `feedback` judge when there is no explicit feedback).
-Plugins are registered under the `liveloop.judges` entry-point group as a callable that
-takes the `LiveLoopSettings` and returns a judge (a class with an `__init__(settings)`).
+
+Plugins are registered under the `liveloop.judges` entry-point group as a factory (usually
+the class) that takes a `JudgeContext` and returns a judge. A factory may declare its own
+settings as a pydantic model in `settings_model`: they are read from
+`[prm.judge_args.<name>]` in TOML and `LIVELOOP_PRM__JUDGE_ARGS__<NAME>__<FIELD>` in the
+environment, checked at start-up, and handed over in the context. A factory never sees the
+rest of the configuration: no API key, no admin key.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from liveloop.contracts import Feedback, TurnRecord, TurnType
+from liveloop import samples
+from liveloop.contracts import Feedback, NextStateKind, TurnRecord, TurnType, turn_key
 
-Signal = Literal["next_turn", "feedback", "timeout"]
+S = TypeVar("S", bound=BaseModel)
 
 
 class JudgeError(RuntimeError):
     """A judge failed on one turn (raised, timed out or returned an invalid result)."""
+
+
+@dataclass(frozen=True)
+class JudgeContext:
+    """What a judge factory receives: its own settings and the few shared values a judge needs.
+
+    `settings` is the judge's `settings_model` filled from the configuration (None for a
+    judge without one); `model` is the served model and `server_url` this LiveLoop
+    server's OpenAI-compatible base URL (`.../v1`), for judges that ask it.
+    """
+
+    name: str
+    settings: BaseModel | None = None
+    model: str = ""
+    server_url: str = ""
+    data_dir: Path = Path(".liveloop")
+
+    def settings_as(self, model: type[S]) -> S:
+        """The judge's settings as `model` (its defaults when none were configured)."""
+        if isinstance(self.settings, model):
+            return self.settings
+        raw = self.settings.model_dump() if self.settings is not None else {}
+        return model.model_validate(raw)
 
 
 @dataclass(frozen=True)
@@ -33,7 +64,7 @@ class NextState:
     feedback: Feedback | None = None
 
     @property
-    def signal(self) -> Signal:
+    def signal(self) -> NextStateKind:
         """Which kind of signal this is; explicit feedback counts first."""
         if self.feedback is not None:
             return "feedback"
@@ -58,12 +89,12 @@ class TurnHead(BaseModel):
     @property
     def key(self) -> str:
         """Same idempotency key as `TurnRecord.key`."""
-        return f"{self.session_id}:{self.turn_index}:{self.sample_index}"
+        return turn_key(self.session_id, self.turn_index, self.sample_index)
 
     @property
     def min_version(self) -> int:
         """The oldest policy version that produced a token of this turn."""
-        return min(self.versions) if self.versions else 0
+        return samples.min_version(self)
 
 
 class JudgeRequest:
@@ -106,7 +137,7 @@ class JudgeRequest:
         return self._turn
 
     @property
-    def signal(self) -> Signal:
+    def signal(self) -> NextStateKind:
         """Shorthand for `next_state.signal`."""
         return self.next_state.signal
 
@@ -131,16 +162,41 @@ class JudgeResult:
 class Judge(Protocol):
     """A process reward model: scores one turn from its request, response and next state.
 
-    Optional: `async def aclose(self) -> None`, called at shutdown; `inline = True` for a
-    judge that never awaits I/O (the loop then skips the per-turn task it uses to overlap
-    slow judges such as the LLM judge).
+    `inline` is True for a judge that never awaits I/O (the loop then skips the per-turn
+    task it uses to overlap slow judges such as the LLM judge); `aclose()` is called at
+    shutdown. `JudgeBase` provides both.
     """
 
     name: str
+    inline: bool
 
     async def score(self, request: JudgeRequest) -> JudgeResult | None:
         """Score in [-1, 1] (plus optional extras), or None for no opinion on this turn."""
         ...
+
+    async def aclose(self) -> None:
+        """Release what the judge holds (clients, connections)."""
+        ...
+
+
+class JudgeBase:
+    """A judge's defaults: not inline, nothing to close, no settings of its own.
+
+    Subclasses set `name`, implement `score`, and may set `inline = True` or declare
+    `settings_model` (a pydantic model of their settings, see `JudgeContext`).
+    """
+
+    name: str = "judge"
+    inline: bool = False
+    settings_model: ClassVar[type[BaseModel] | None] = None
+
+    async def score(self, request: JudgeRequest) -> JudgeResult | None:
+        """Score in [-1, 1] (plus optional extras), or None for no opinion on this turn."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Nothing to release by default."""
+        return None
 
 
 def _finite_in_range(value: object, what: str) -> float:

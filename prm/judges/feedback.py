@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from liveloop.prm.judges.base import JudgeRequest, JudgeResult
-
-if TYPE_CHECKING:
-    from liveloop.config import LiveLoopSettings
+from liveloop.prm.judges.base import JudgeBase, JudgeContext, JudgeRequest, JudgeResult
 
 
-class FeedbackJudge:
+class FeedbackJudge(JudgeBase):
     """Scores a turn with its explicit feedback (decisive), and has no opinion otherwise."""
 
     inline = True  # never awaits: the loop may run it without a task per turn
     name = "feedback"
 
-    def __init__(self, settings: LiveLoopSettings | None = None) -> None:
-        self.settings = settings
+    def __init__(self, context: JudgeContext | None = None) -> None:
+        self.context = context
 
     async def score(self, request: JudgeRequest) -> JudgeResult | None:
         """The feedback score, marked decisive; None without feedback."""

@@ -16,12 +16,17 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from liveloop.config.prm import LLMJudgeConfig
-from liveloop.prm.judges.base import JudgeError, JudgeRequest, JudgeResult, message_text
+from liveloop.prm.judges.base import (
+    JudgeBase,
+    JudgeContext,
+    JudgeError,
+    JudgeRequest,
+    JudgeResult,
+    message_text,
+)
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
-
-    from liveloop.config import LiveLoopSettings
 
 VERDICTS = {"good": 1.0, "bad": -1.0, "neutral": 0.0}
 NO_TRAIN_HEADER = {"X-LiveLoop-Train": "false"}
@@ -136,23 +141,18 @@ def build_prompt(request: JudgeRequest, max_chars: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": body}]
 
 
-def default_base_url(settings: LiveLoopSettings) -> str:
-    """This LiveLoop server's /v1 (a wildcard bind address is reached through loopback)."""
-    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.host, settings.host)
-    return f"http://{host}:{settings.port}/v1"
-
-
-class LLMJudge:
+class LLMJudge(JudgeBase):
     """m votes from an OpenAI-compatible chat model; majority wins, ties give 0."""
 
     name = "llm"
+    settings_model = LLMJudgeConfig
 
-    def __init__(self, settings: LiveLoopSettings, config: LLMJudgeConfig | None = None) -> None:
+    def __init__(self, context: JudgeContext) -> None:
         from openai import AsyncOpenAI
 
-        self.config = config or settings.prm.llm
-        self.model = self.config.model or settings.model
-        self.base_url = self.config.base_url or default_base_url(settings)
+        self.config = context.settings_as(LLMJudgeConfig)
+        self.model = self.config.model or context.model
+        self.base_url = self.config.base_url or context.server_url
         self._limit = asyncio.Semaphore(self.config.concurrency)
         self.client: AsyncOpenAI = AsyncOpenAI(
             base_url=self.base_url,

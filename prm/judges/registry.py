@@ -8,13 +8,12 @@ them too; an installed entry point of the same name takes precedence.
 from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING
+from typing import Any
 
-from liveloop.config import ConfigError
-from liveloop.prm.judges.base import Judge
+from pydantic import BaseModel, ValidationError
 
-if TYPE_CHECKING:
-    from liveloop.config import LiveLoopSettings
+from liveloop.config import ConfigError, JudgeConfig, SharedSettings
+from liveloop.prm.judges.base import Judge, JudgeContext
 
 GROUP = "liveloop.judges"
 BUILTIN = {
@@ -38,27 +37,77 @@ def unknown_judge_error(name: str, available: dict[str, EntryPoint]) -> ConfigEr
     return ConfigError(f"unknown judge {name!r}; available judges: {names}")
 
 
-def load_judge(name: str, settings: LiveLoopSettings) -> Judge:
+def server_url(shared: SharedSettings) -> str:
+    """This LiveLoop server's /v1 (a wildcard bind address is reached through loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(shared.host, shared.host)
+    return f"http://{host}:{shared.port}/v1"
+
+
+def _judge_settings(name: str, factory: Any, judging: JudgeConfig) -> BaseModel | None:
+    """The judge's own settings, validated against its `settings_model`; ConfigError names keys."""
+    where = judging.args_location(name)
+    raw = judging.args_for(name)
+    model: type[BaseModel] | None = getattr(factory, "settings_model", None)
+    if model is None:
+        if raw:
+            raise ConfigError(f"{where}: judge {name!r} takes no settings")
+        return None
+    if isinstance(raw, model):
+        return raw
+    data = raw.model_dump() if isinstance(raw, BaseModel) else raw
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join([where, *(str(p) for p in e['loc'])])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from None
+
+
+def judge_context(
+    name: str, judging: JudgeConfig, shared: SharedSettings, factory: Any = None
+) -> JudgeContext:
+    """What the factory of judge `name` receives (its settings checked against `factory`)."""
+    if factory is None:
+        available = available_judges()
+        if name not in available:
+            raise unknown_judge_error(name, available)
+        factory = available[name].load()
+    return JudgeContext(
+        name=name,
+        settings=_judge_settings(name, factory, judging),
+        model=shared.model,
+        server_url=server_url(shared),
+        data_dir=shared.data_dir,
+    )
+
+
+def load_judge(name: str, judging: JudgeConfig, shared: SharedSettings) -> Judge:
     """Build the judge registered as `name`; unknown or broken plugins raise ConfigError."""
     available = available_judges()
     if name not in available:
         raise unknown_judge_error(name, available)
     try:
         factory = available[name].load()
-        judge = factory(settings)
+        judge = factory(judge_context(name, judging, shared, factory))
     except ConfigError:
         raise
     except Exception as exc:
         raise ConfigError(f"judge {name!r} failed to load: {type(exc).__name__}: {exc}") from None
     if not isinstance(judge, Judge):
-        raise ConfigError(f"judge {name!r} has no `name` and async `score(request)`")
+        raise ConfigError(
+            f"judge {name!r} lacks part of the Judge protocol (`name`, `inline`, async "
+            "`score(request)` and `aclose()`): subclass liveloop.prm.judges.JudgeBase"
+        )
     return judge
 
 
-def load_judges(names: dict[str, float], settings: LiveLoopSettings) -> list[tuple[Judge, float]]:
+def load_judges(
+    names: dict[str, float], judging: JudgeConfig, shared: SharedSettings
+) -> list[tuple[Judge, float]]:
     """Every configured judge with its weight; all names are checked before any is built."""
     available = available_judges()
     for name in names:
         if name not in available:
             raise unknown_judge_error(name, available)
-    return [(load_judge(name, settings), weight) for name, weight in names.items()]
+    return [(load_judge(name, judging, shared), weight) for name, weight in names.items()]

@@ -11,13 +11,16 @@ a turn with no next state gets `timeout_score` (or no opinion when that is unset
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from liveloop.config.prm import RulesJudgeConfig
-from liveloop.prm.judges.base import JudgeRequest, JudgeResult, message_text
-
-if TYPE_CHECKING:
-    from liveloop.config import LiveLoopSettings
+from liveloop.prm.judges.base import (
+    JudgeBase,
+    JudgeContext,
+    JudgeRequest,
+    JudgeResult,
+    message_text,
+)
 
 TOOL_ROLES = frozenset({"tool", "function", "ipython"})
 
@@ -28,17 +31,15 @@ def _compile(patterns: list[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE | re.MULTILINE)
 
 
-class RulesJudge:
+class RulesJudge(JudgeBase):
     """Regex rules for corrections, approval and tool errors; scores in [-1, 1]."""
 
     inline = True  # never awaits: the loop may run it without a task per turn
     name = "rules"
+    settings_model = RulesJudgeConfig
 
-    def __init__(
-        self, settings: LiveLoopSettings | None = None, config: RulesJudgeConfig | None = None
-    ) -> None:
-        if config is None:
-            config = settings.prm.rules if settings is not None else RulesJudgeConfig()
+    def __init__(self, context: JudgeContext | None = None) -> None:
+        config = context.settings_as(RulesJudgeConfig) if context else RulesJudgeConfig()
         self.config = config
         self._correction = _compile(config.correction_patterns)
         self._approval = _compile(config.approval_patterns)

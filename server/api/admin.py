@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from liveloop.server.api.chat.protocol import ErrorResponse
-from liveloop.server.api.deps import get_state
-from liveloop.server.api.errors import APIError
-from liveloop.server.auth import require_admin
+from liveloop.server.api.deps import AdminDep, StateDep
+from liveloop.server.api.errors import APIError, error_responses
 from liveloop.weights import CheckpointError
 
 router = APIRouter(
     prefix="/admin",
     tags=["admin"],
-    dependencies=[Depends(require_admin)],
-    responses={c: {"model": ErrorResponse} for c in (400, 401, 403, 503)},
+    dependencies=[AdminDep],
+    responses=error_responses(400, 401, 403, 503),
 )
 
 
@@ -31,14 +29,13 @@ class LoadWeightsRequest(BaseModel):
 
 
 @router.get("/weights")
-async def get_weights(request: Request) -> dict[str, Any]:
+async def get_weights(state: StateDep) -> dict[str, Any]:
     """The policy version served, the versions served before, and those refused.
 
     `refused`: checkpoints this server could not load (the latest 100; `refusals` counts
     all since start); `rejected`: versions the promotion gate refused (never served). The
     engine's view comes with it (with SGLang: each replica's version and state).
     """
-    state = get_state(request)
     follower = state.follower
     return {
         "version": int(state.engine.version),
@@ -51,9 +48,8 @@ async def get_weights(request: Request) -> dict[str, Any]:
 
 
 @router.post("/weights")
-async def load_weights(body: LoadWeightsRequest, request: Request) -> dict[str, Any]:
+async def load_weights(body: LoadWeightsRequest, state: StateDep) -> dict[str, Any]:
     """Load a checkpoint and swap it in; a bad one is refused (400) and serving goes on."""
-    state = get_state(request)
     try:
         version = await state.follower.load(body.path, body.version, allow_rollback=True)
     except CheckpointError as exc:
@@ -64,22 +60,20 @@ async def load_weights(body: LoadWeightsRequest, request: Request) -> dict[str, 
 
 
 @router.get("/capture")
-async def get_capture(request: Request) -> dict[str, bool]:
+async def get_capture(state: StateDep) -> dict[str, bool]:
     """Whether turns are being recorded."""
-    return {"capture": get_state(request).capture}
+    return {"capture": state.capture}
 
 
 @router.post("/capture/pause")
-async def pause_capture(request: Request) -> dict[str, bool]:
+async def pause_capture(state: StateDep) -> dict[str, bool]:
     """Stop recording turns (requests are still served)."""
-    state = get_state(request)
     state.capture = False
     return {"capture": False}
 
 
 @router.post("/capture/resume")
-async def resume_capture(request: Request) -> dict[str, bool]:
+async def resume_capture(state: StateDep) -> dict[str, bool]:
     """Record turns again."""
-    state = get_state(request)
     state.capture = True
     return {"capture": True}

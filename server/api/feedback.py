@@ -6,18 +6,16 @@ Only the tenant that owns a session may rate its turns; the judging loop reads t
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import redis
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from liveloop import bus
 from liveloop.contracts import Feedback
-from liveloop.server.api.chat.protocol import ErrorResponse
-from liveloop.server.api.deps import get_state
-from liveloop.server.api.errors import APIError
-from liveloop.server.auth import require_tenant
+from liveloop.server.api.deps import StateDep, TenantDep
+from liveloop.server.api.errors import APIError, error_responses
+from liveloop.server.state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +43,7 @@ class FeedbackResponse(BaseModel):
     score: float
 
 
-async def _owner(state: Any, session_id: str) -> tuple[str | None, int]:
+async def _owner(state: ServerState, session_id: str) -> tuple[str | None, int]:
     try:
         owner, turns = await state.sessions.owner(session_id)
     except (redis.RedisError, OSError) as exc:
@@ -56,13 +54,12 @@ async def _owner(state: Any, session_id: str) -> tuple[str | None, int]:
 @router.post(
     "/v1/feedback",
     response_model=FeedbackResponse,
-    responses={c: {"model": ErrorResponse} for c in (400, 401, 403, 404, 503)},
+    responses=error_responses(400, 401, 403, 404, 503),
 )
 async def post_feedback(
-    body: FeedbackRequest, request: Request, tenant: str = Depends(require_tenant)
+    body: FeedbackRequest, tenant: TenantDep, state: StateDep
 ) -> FeedbackResponse:
     """Record a score in [-1, 1] for a turn of one of the caller's sessions."""
-    state = get_state(request)
     owner, turns = await _owner(state, body.session_id)
     if owner is None or turns == 0:
         raise APIError(

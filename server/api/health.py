@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from liveloop.server.api.deps import AppStateDep
 
 router = APIRouter(tags=["health"])
 
@@ -18,11 +20,10 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> Response:
+async def readyz(state: AppStateDep) -> Response:
     """200 once the engine serves requests; 503 before that, while stopping, and while the
     engine cannot serve (worker down, no SGLang replica in the pool). Engine details
     (the SGLang replicas) come with it."""
-    state = request.app.state.liveloop
     engine_down = state.ready and not state.engine.is_running
     ready = state.ready and not engine_down
     body: dict[str, Any] = {
@@ -38,7 +39,6 @@ async def readyz(request: Request) -> Response:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(state: AppStateDep) -> Response:
     """Prometheus exposition of the server's metrics."""
-    registry = request.app.state.liveloop.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
-from liveloop.server.api.deps import get_state
+from liveloop.server.api.auth import tenant_auth
+from liveloop.server.api.deps import StateDep
 from liveloop.server.api.errors import APIError
-from liveloop.server.auth import require_tenant
+from liveloop.server.state import ServerState
 
-router = APIRouter(tags=["models"], dependencies=[Depends(require_tenant)])
+router = APIRouter(tags=["models"], dependencies=[Depends(tenant_auth)])
 
 
-def _card(request: Request) -> dict[str, Any]:
-    state = get_state(request)
+def _card(state: ServerState) -> dict[str, Any]:
     return {
         "id": state.model_name,
         "object": "model",
@@ -26,17 +26,16 @@ def _card(request: Request) -> dict[str, Any]:
 
 
 @router.get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
+async def list_models(state: StateDep) -> dict[str, Any]:
     """The served model."""
-    return {"object": "list", "data": [_card(request)]}
+    return {"object": "list", "data": [_card(state)]}
 
 
 @router.get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+async def retrieve_model(model_id: str, state: StateDep) -> dict[str, Any]:
     """One model by name or alias; 404 for any other name."""
-    state = get_state(request)
     if model_id not in state.chat.model_aliases:
         raise APIError(
             404, f"model {model_id!r} does not exist", param="model", code="model_not_found"
         )
-    return _card(request)
+    return _card(state)

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 from liveloop.config import ConfigError
 
 if TYPE_CHECKING:
-    from liveloop.config import LiveLoopSettings
+    from liveloop.config import ServerConfig, SharedSettings
     from liveloop.models import LoadedModel
     from liveloop.server.engine.base import EngineClient
 
 
 async def create_engine(
-    settings: LiveLoopSettings,
+    shared: SharedSettings,
+    cfg: ServerConfig,
     *,
     model: LoadedModel | None = None,
     spawned: EngineClient | None = None,
@@ -26,25 +27,24 @@ async def create_engine(
       (`spawned`, when `liveloop serve` already started it before the event loop);
     - `torch` without: the torch engine on a thread of this process (`model`, if loaded).
     """
-    cfg = settings.server
     if spawned is not None:
         return spawned
     if cfg.engine == "sglang":
         from liveloop.server.engine.sglang import SGLangEngine
 
-        return SGLangEngine.from_settings(settings)
+        return SGLangEngine.from_config(shared, cfg)
     if cfg.engine != "torch":  # pragma: no cover - the config's Literal allows no other
         raise ConfigError(f"server.engine: unknown engine {cfg.engine!r}")
     if cfg.engine_process:
         from liveloop.server.engine.process import EngineOptions, EngineProcess
 
-        return EngineProcess(EngineOptions.from_settings(settings))
+        return EngineProcess(EngineOptions.from_config(shared.model, cfg))
     from liveloop.models import load_model
     from liveloop.server.engine.torch_engine import TorchEngine
 
     loaded = model
     if loaded is None:
-        loaded = await asyncio.to_thread(load_model, settings.model, cfg.device)
+        loaded = await asyncio.to_thread(load_model, shared.model, cfg.device)
     return TorchEngine(
         loaded.model,
         loaded.tokenizer,

@@ -34,11 +34,12 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from liveloop.children import die_with_parent
+from liveloop.config import ServerConfig
 from liveloop.models import ModelLoadError
 from liveloop.server.engine.base import EngineClient
 from liveloop.server.engine.stream import RequestStream, check_request
 from liveloop.server.engine.types import EngineError, EngineStats, SamplingParams, TokenOutput
-from liveloop.valkey import die_with_parent
 
 if TYPE_CHECKING:
     from liveloop.server.tools.spec import OutputSpec
@@ -62,11 +63,10 @@ class EngineOptions:
     torch_threads: int | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EngineOptions:
-        """The options of a `LiveLoopSettings` (model and `server` section)."""
-        cfg = settings.server
+    def from_config(cls, model: str, cfg: ServerConfig) -> EngineOptions:
+        """The options of a model and the `server` settings section."""
         return cls(
-            model=settings.model,
+            model=model,
             device=cfg.device,
             max_batch_size=cfg.max_batch_size,
             max_model_len=cfg.max_model_len,

@@ -28,6 +28,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from liveloop.logs import setup_logging
+
 log = logging.getLogger("liveloop.server.engine.worker")
 
 
@@ -182,9 +184,7 @@ class Worker:
 
 def main() -> None:
     """Entry point of `python -m server.engine.worker <fd> <options json>`."""
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s"
-    )
+    setup_logging("WARNING", "engine")
     fd, options = int(sys.argv[1]), json.loads(sys.argv[2])
     conn = Connection(fd)
     try:

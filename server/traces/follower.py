@@ -105,6 +105,11 @@ class WeightFollower:
         self.connected = False
 
     @property
+    def cursor(self) -> str | None:
+        """Id of the last announcement read (None before the first read)."""
+        return self._last_id
+
+    @property
     def current_version(self) -> int:
         """The policy version the engine serves now."""
         return int(self.engine.version)

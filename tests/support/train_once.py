@@ -44,7 +44,7 @@ async def train_once(
         await BatchWriter(client, data_dir).write(samples, 0)
     finally:
         await client.aclose()
-    trainer = Trainer(settings)
+    trainer = Trainer(settings.shared(), settings.trainer, judging=settings.prm)
     await trainer.run()
     return settings.checkpoints_dir.resolve() / f"v{trainer.version}"
 

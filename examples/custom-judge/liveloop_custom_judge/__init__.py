@@ -4,24 +4,34 @@ Replace the body of `score` with a call to your own reward model; keep the contr
 return a `JudgeResult` with a finite score in [-1, 1] (optionally `step_scores`, `hint`,
 `votes`), or None when the judge has no opinion on a turn. Raising, or taking longer than
 `prm.judge_timeout_s`, fails the turn, which is retried and finally dead-lettered.
+
+The judge's settings are its own pydantic model (`settings_model`), read from
+`[prm.judge_args.concise]` in TOML or `LIVELOOP_PRM__JUDGE_ARGS__CONCISE__WORDS` in the
+environment and checked when `liveloop judge` starts.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from pydantic import BaseModel, Field
 
-from liveloop.prm.judges import JudgeRequest, JudgeResult, message_text
+from liveloop.prm.judges import JudgeBase, JudgeContext, JudgeRequest, JudgeResult, message_text
 
 
-class ConciseJudge:
-    """+1 for replies of at most `limit` words, falling linearly to -1 at 4 × limit."""
+class ConciseSettings(BaseModel):
+    """Settings of the `concise` judge."""
+
+    words: int = Field(50, ge=1, description="Replies of at most this many words score +1.")
+
+
+class ConciseJudge(JudgeBase):
+    """+1 for replies of at most `words` words, falling linearly to -1 at 4 × `words`."""
 
     name = "concise"
     inline = True  # pure computation: the judging loop needs no task per turn
+    settings_model = ConciseSettings
 
-    def __init__(self, settings: Any = None) -> None:
-        self.limit = int(os.environ.get("CONCISE_JUDGE_WORDS", "50"))
+    def __init__(self, context: JudgeContext) -> None:
+        self.limit = context.settings_as(ConciseSettings).words
 
     async def score(self, request: JudgeRequest) -> JudgeResult | None:
         """Score the length of the assistant's reply."""

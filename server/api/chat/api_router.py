@@ -5,24 +5,18 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from liveloop.server.api.chat.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ErrorResponse,
-)
+from liveloop.contracts import TURN_TYPES, TurnType, parse_turn_type
+from liveloop.server.api.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
 from liveloop.server.api.chat.serving import RequestContext
 from liveloop.server.api.chat.streaming import stream_response
-from liveloop.server.api.deps import get_state
-from liveloop.server.api.errors import bad_request
-from liveloop.server.auth import BEARER_SECURITY, tenant_of
-
-if TYPE_CHECKING:
-    from liveloop.server.app import ServerState
+from liveloop.server.api.deps import StateDep, TenantDep
+from liveloop.server.api.errors import bad_request, error_responses
+from liveloop.server.state import ServerState
 
 router = APIRouter(tags=["chat"])
 
@@ -30,9 +24,7 @@ SESSION_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 TRUE = {"true", "1", "yes", "on"}
 FALSE = {"false", "0", "no", "off"}
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 413, 503)
-}
+ERRORS = error_responses(400, 401, 403, 404, 413, 503)
 
 
 def _session_id(header: str | None, request: ChatCompletionRequest) -> str | None:
@@ -56,11 +48,11 @@ def _train_flag(header: str | None) -> bool:
     raise bad_request("X-LiveLoop-Train: must be true or false", param="X-LiveLoop-Train")
 
 
-def _turn_type(header: str | None) -> str:
-    value = (header or "main").strip().lower()
-    if value not in ("main", "side"):
-        raise bad_request("X-Turn-Type: must be main or side", param="X-Turn-Type")
-    return value
+def _turn_type(header: str | None) -> TurnType:
+    try:
+        return parse_turn_type(header)
+    except ValueError as exc:
+        raise bad_request(f"X-Turn-Type: {exc}", param="X-Turn-Type") from None
 
 
 HEADERS: list[dict[str, Any]] = [
@@ -76,7 +68,7 @@ HEADERS: list[dict[str, Any]] = [
         "in": "header",
         "required": False,
         "description": "'main' (default) or 'side' (never trained on).",
-        "schema": {"type": "string", "enum": ["main", "side"]},
+        "schema": {"type": "string", "enum": list(TURN_TYPES)},
     },
     {
         "name": "X-LiveLoop-Train",
@@ -95,18 +87,19 @@ HEADERS: list[dict[str, Any]] = [
         200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
         **ERRORS,
     },
-    # Headers and auth are read directly (documented here): FastAPI's per-parameter
-    # dependency resolution was a measurable share of the server's time per request.
-    openapi_extra={"parameters": HEADERS, "security": BEARER_SECURITY},
+    # Headers are read directly (documented here): FastAPI's per-parameter dependency
+    # resolution was a measurable share of the server's time per request.
+    openapi_extra={"parameters": HEADERS},
 )
 async def create_chat_completion(
     body: ChatCompletionRequest,
     request: Request,
-    tenant: Annotated[str, Depends(tenant_of)],  # runs before the body is validated
+    tenant: TenantDep,  # runs before the body is validated
+    state: StateDep,
 ) -> Response:
     """Create a chat completion (streamed as SSE with `stream: true`)."""
     arrival = time.perf_counter()
-    return await serve_chat(get_state(request), body, tenant, request.headers, arrival)
+    return await serve_chat(state, body, tenant, request.headers, arrival)
 
 
 async def serve_chat(
@@ -124,7 +117,7 @@ async def serve_chat(
     ctx = RequestContext(
         tenant=tenant,
         session_id=_session_id(headers.get("x-session-id"), body),
-        turn_type="side" if _turn_type(headers.get("x-turn-type")) == "side" else "main",
+        turn_type=_turn_type(headers.get("x-turn-type")),
         record=_train_flag(headers.get("x-liveloop-train")),
         arrival=arrival,
     )

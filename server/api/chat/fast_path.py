@@ -19,18 +19,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from liveloop.server.api.auth import replay, token_of_header
 from liveloop.server.api.chat.api_router import serve_chat
 from liveloop.server.api.chat.protocol import ChatCompletionRequest
 from liveloop.server.api.errors import APIError
-from liveloop.server.auth import replay, token_of_header
-
-if TYPE_CHECKING:
-    from liveloop.server.app import ServerState
+from liveloop.server.state import ServerState
 
 PATH = "/v1/chat/completions"
 

@@ -280,18 +280,3 @@ class ChatCompletionResponse(BaseModel):
     choices: list[Choice]
     usage: Usage
     system_fingerprint: str | None = None
-
-
-class ErrorDetail(BaseModel):
-    """OpenAI's error object."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """The body of every 4xx/5xx."""
-
-    error: ErrorDetail

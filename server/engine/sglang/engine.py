@@ -41,7 +41,7 @@ from liveloop.server.engine.types import EngineError, SamplingParams, TokenOutpu
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from liveloop.config import LiveLoopSettings
+    from liveloop.config import ServerConfig, SharedSettings
     from liveloop.server.engine.sglang.launcher import SGLangLauncher
 
 log = logging.getLogger(__name__)
@@ -126,12 +126,9 @@ class SGLangEngine(EngineClient):
         self._max_model_len = 0
 
     @classmethod
-    def from_settings(cls, settings: LiveLoopSettings) -> SGLangEngine:
-        """The engine of a settings tree (`server.sglang`)."""
-        server = settings.server
-        return cls(
-            settings.model, server.sglang, server.max_model_len, settings.data_dir / "sglang"
-        )
+    def from_config(cls, shared: SharedSettings, server: ServerConfig) -> SGLangEngine:
+        """The engine of the shared settings and the `server` section (`server.sglang`)."""
+        return cls(shared.model, server.sglang, server.max_model_len, shared.data_dir / "sglang")
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:

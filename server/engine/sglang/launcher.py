@@ -23,8 +23,9 @@ from pathlib import Path
 
 import httpx
 
+from liveloop.children import die_with_parent
 from liveloop.config import ConfigError, SGLangConfig
-from liveloop.valkey import die_with_parent, free_port
+from liveloop.valkey import free_port
 
 log = logging.getLogger(__name__)
 

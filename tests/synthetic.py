@@ -1,5 +1,7 @@
 """Synthetic conversations as the server would record them, for tests and the judge benchmark.
 
+Test fixtures: they live with the tests, not in the installed package.
+
 `conversation()` builds the turn records of one session: each turn's request repeats the
 previous request, the previous reply and the new user (or tool) messages, exactly the shape
 the pairing reads its next state from. `write_turns()` appends them to `liveloop:turns` the

@@ -1,7 +1,7 @@
 """Authentication, tenancy and the request body size limit.
 
 API keys (`LIVELOOP_API_KEYS`) are checked as Bearer tokens; the tenant recorded with each
-turn is a stable hash of the key (`liveloop.config.tenant_id`), never the key. Without keys
+turn is a stable hash of the key (`tenant_id`), never the key. Without keys
 the server is open and every caller is the tenant "anonymous". `/admin/*` needs the
 separate admin key; without one the admin API is off. Bodies over the limit get a 413
 before any route parses them.
@@ -14,17 +14,21 @@ import hmac
 import json
 import logging
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Request
+from fastapi.security import HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from liveloop.config import tenant_id
 from liveloop.server.api.errors import APIError, error_body
 
 log = logging.getLogger(__name__)
 
-bearer_scheme = HTTPBearer(auto_error=False, description="An API key from LIVELOOP_API_KEYS.")
+
+def tenant_id(api_key: str | None) -> str:
+    """A stable, non-reversible id of an API key (never the key itself)."""
+    if not api_key:
+        return "anonymous"
+    return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
 def _digest(key: str) -> bytes:
@@ -85,10 +89,6 @@ class Authenticator:
             raise APIError(401, "admin routes need the admin key", code="invalid_api_key")
 
 
-def _token(credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    return credentials.credentials if credentials is not None else None
-
-
 def bearer_token(request: Request) -> str | None:
     """The token of an `Authorization: Bearer <token>` header, parsed as HTTPBearer does."""
     return token_of_header(request.headers.get("authorization"))
@@ -100,33 +100,34 @@ def token_of_header(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-async def tenant_of(request: Request) -> str:
-    """The caller's tenant (401 on a bad key): `require_tenant` without the HTTPBearer
-    sub-dependency, whose resolution costs more per request than the check itself (see
-    bench/gateway.py). Routes using it declare `BEARER_SECURITY` in their OpenAPI entry.
-    Async on purpose: FastAPI runs a plain `def` dependency in its thread pool.
+def authenticator(request: Request) -> Authenticator:
+    """The running server's authenticator."""
+    auth: Authenticator = request.app.state.liveloop.auth
+    return auth
+
+
+class TenantAuth(HTTPBearer):
+    """The one tenant dependency: the caller's tenant, 401 on a missing or wrong key.
+
+    A security scheme, so the OpenAPI schema documents the Bearer token; it reads the header
+    itself (no sub-dependency: FastAPI's per-parameter resolution was a measurable share of
+    the server's time per request, see bench/gateway.py).
     """
-    auth: Authenticator = request.app.state.liveloop.auth
-    return auth.tenant(bearer_token(request))
+
+    async def __call__(self, request: Request) -> str:  # type: ignore[override]
+        return authenticator(request).tenant(bearer_token(request))
 
 
-BEARER_SECURITY: list[dict[str, list[str]]] = [{"HTTPBearer": []}]
+class AdminAuth(HTTPBearer):
+    """The admin dependency: the caller must hold the admin key (403 when admin is off)."""
+
+    async def __call__(self, request: Request) -> None:  # type: ignore[override]
+        authenticator(request).check_admin(bearer_token(request))
 
 
-async def require_tenant(
-    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)
-) -> str:
-    """FastAPI dependency: the caller's tenant (401 on a bad key)."""
-    auth: Authenticator = request.app.state.liveloop.auth
-    return auth.tenant(_token(credentials))
-
-
-async def require_admin(
-    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)
-) -> None:
-    """FastAPI dependency: the caller must hold the admin key."""
-    auth: Authenticator = request.app.state.liveloop.auth
-    auth.check_admin(_token(credentials))
+DESCRIPTION = "An API key from LIVELOOP_API_KEYS (the admin key for /admin)."
+tenant_auth = TenantAuth(auto_error=False, scheme_name="HTTPBearer", description=DESCRIPTION)
+admin_auth = AdminAuth(auto_error=False, scheme_name="HTTPBearer", description=DESCRIPTION)
 
 
 class BodySizeLimit:
