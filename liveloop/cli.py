@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("demo", "eval"):
         cmds[name].add_argument("--minutes", type=float, help="bound on the run's length")
         cmds[name].add_argument("--users", type=int, help="concurrent simulated users")
+    cmds["demo"].add_argument(
+        "--objective",
+        help="training objective(s), comma-separated, run one after the other: rl, opd, "
+        "combine (default: combine)",
+    )
     cmds["eval"].add_argument(
         "--version", type=int, help="also replay held-out users against this policy version"
     )
@@ -124,6 +129,8 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
     for key in ("minutes", "users"):
         if getattr(args, key, None) is not None:
             demo[key] = getattr(args, key)
+    if getattr(args, "objective", None):
+        demo["objectives"] = [o.strip() for o in args.objective.split(",") if o.strip()]
     if demo:
         overrides["demo"] = demo
     server = _engine_overrides(args)

@@ -59,7 +59,12 @@ def run(settings: LiveLoopSettings, *, replay: ReplayOptions | None = None) -> N
     metrics = PrmMetrics(registry)
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port, registry=registry)
-    panel = JudgePanel(judges, metrics, timeout_s=settings.prm.judge_timeout_s)
+    panel = JudgePanel(
+        judges,
+        metrics,
+        timeout_s=settings.prm.judge_timeout_s,
+        hint_chars=settings.prm.hint_chars,
+    )
     if replay is not None:
         stats = asyncio.run(_replay(settings.redis_url, panel, replay))
         summary = asdict(stats)

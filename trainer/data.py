@@ -10,7 +10,7 @@ the same update up to float summation order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -51,6 +51,8 @@ class MicroBatch:
     targets: torch.Tensor  # [N] the completion tokens
     behaviour: torch.Tensor  # [N] behaviour log-probs
     advantages: torch.Tensor  # [N] the sample's advantage, per token
+    teacher: torch.Tensor  # [N] OPD teacher log-probs (0 where the sample has none)
+    opd_mask: torch.Tensor  # [N] 1.0 where the token has a teacher log-prob, else 0.0
     num_tokens: int  # T: tokens in the forward pass
     num_samples: int
     # (completion tokens, oldest version) of each sample, in row order
@@ -79,16 +81,26 @@ def pack_bins(samples: Sequence[BatchSample], max_tokens: int) -> list[list[Batc
     return bins
 
 
-def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> MicroBatch:
-    """Pack samples into one row (prompt + completion each, positions restarting at 0)."""
+def build_micro_batch(
+    samples: Sequence[BatchSample],
+    device: str = "cpu",
+    teacher: Mapping[str, Sequence[float]] | None = None,
+) -> MicroBatch:
+    """Pack samples into one row (prompt + completion each, positions restarting at 0).
+
+    `teacher` maps a sample key to its OPD teacher log-probs (one per completion token).
+    """
     import torch
 
+    teacher = teacher or {}
     ids: list[int] = []
     positions: list[int] = []
     logit_index: list[int] = []
     targets: list[int] = []
     behaviour: list[float] = []
     advantages: list[float] = []
+    teacher_lp: list[float] = []
+    opd_mask: list[float] = []
     segments: list[tuple[int, int]] = []
     for sample in samples:
         start = len(ids)
@@ -99,7 +111,11 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
         logit_index += range(first, first + len(sample.completion_token_ids))
         targets += sample.completion_token_ids
         behaviour += sample.logprobs
-        advantages += [sample.advantage] * len(sample.completion_token_ids)
+        n = len(sample.completion_token_ids)
+        advantages += [sample.advantage] * n
+        taught = teacher.get(sample.key)
+        teacher_lp += list(taught) if taught is not None else [0.0] * n
+        opd_mask += [1.0 if taught is not None else 0.0] * n
         segments.append((len(sample.completion_token_ids), min(sample.versions, default=0)))
     return MicroBatch(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
@@ -108,6 +124,8 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
         targets=torch.tensor(targets, dtype=torch.long, device=device),
         behaviour=torch.tensor(behaviour, dtype=torch.float32, device=device),
         advantages=torch.tensor(advantages, dtype=torch.float32, device=device),
+        teacher=torch.tensor(teacher_lp, dtype=torch.float32, device=device),
+        opd_mask=torch.tensor(opd_mask, dtype=torch.float32, device=device),
         num_tokens=len(ids),
         num_samples=len(samples),
         segments=segments,
@@ -115,10 +133,13 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
 
 
 def micro_batches(
-    samples: Sequence[BatchSample], max_tokens: int, device: str = "cpu"
+    samples: Sequence[BatchSample],
+    max_tokens: int,
+    device: str = "cpu",
+    teacher: Mapping[str, Sequence[float]] | None = None,
 ) -> list[MicroBatch]:
     """The micro-batches of one rank's share of a minibatch."""
-    return [build_micro_batch(b, device) for b in pack_bins(samples, max_tokens)]
+    return [build_micro_batch(b, device, teacher) for b in pack_bins(samples, max_tokens)]
 
 
 def validate_sample(sample: BatchSample) -> str | None:

@@ -53,6 +53,17 @@ class StepMessage:
     version: int = 0  # the version to go back to ("revert")
 
 
+def opd_summary(stats: UpdateStats) -> str:
+    """The on-policy distillation part of an update's log line ('' when nothing was hinted)."""
+    if not stats.hinted:
+        return ""
+    after = "-" if stats.opd_gap_after is None else f"{stats.opd_gap_after:.3f}"
+    return (
+        f"; opd: {stats.opd_samples}/{stats.hinted} hinted taught, gap {stats.opd_gap_before:.3f}"
+        f" -> {after}, {stats.opd_seconds:.1f}s"
+    )
+
+
 def resolved_config(settings: LiveLoopSettings) -> TrainerConfig:
     """The trainer settings with model-dependent defaults filled in (the KL coefficient)."""
     cfg = settings.trainer
@@ -114,14 +125,20 @@ class Trainer:
     def _load(self, version: int | None) -> None:
         """Weights, optimizer state and trainer state of a checkpoint (None: the base model)."""
         checkpoint = self.store.path_for(version) if version else None
+        reference_teacher = self.cfg.objective != "rl" and self.cfg.opd.teacher == "reference"
         policy = load_policy(
             self.settings.model,
             self.cfg.device,
             self.cfg.lora,
             checkpoint=checkpoint,
-            with_reference=bool(self.cfg.kl_coef) or self.cfg.measure_drift or self.gated,
+            with_reference=bool(self.cfg.kl_coef)
+            or self.cfg.measure_drift
+            or self.gated
+            or reference_teacher,
         )
-        self.updater = PPOUpdater(policy, self.cfg, self.comm)
+        if self.updater is not None:
+            self.updater.close()
+        self.updater = PPOUpdater(policy, self.cfg, self.comm, model_name=self.settings.model)
         if version:
             self.store.load_optimizer(version, self.updater.optimizer)
             self.state = self.store.load_state(version)
@@ -255,7 +272,11 @@ class Trainer:
         return item, StepMessage("batch", samples)
 
     def _trainable(self, samples: list[BatchSample]) -> list[BatchSample]:
-        """Valid samples within the staleness bound of the current version."""
+        """Valid samples within the staleness bound of the current version.
+
+        Under the 'opd' objective a sample without a directive hint has nothing to learn
+        from, and is dropped too (counted as 'no_hint').
+        """
         bound = self.settings.collector.max_staleness
         kept = []
         for sample in samples:
@@ -263,6 +284,9 @@ class Trainer:
             if problem is not None:
                 log.warning("dropping sample %s: %s", sample.key, problem)
                 self.metrics.dropped.labels("invalid").inc()
+                continue
+            if self.cfg.objective == "opd" and sample.hint is None:
+                self.metrics.dropped.labels("no_hint").inc()
                 continue
             lag = self.version - min(sample.versions, default=self.version)
             if lag > bound:
@@ -312,7 +336,7 @@ class Trainer:
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
         log.info(
-            "v%d %s: %d samples, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, entropy %.2f",
+            "v%d %s: %d samples, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, entropy %.2f%s",
             state.version,
             state.status,
             stats.samples,
@@ -321,6 +345,7 @@ class Trainer:
             stats.approx_kl,
             stats.ref_kl,
             stats.entropy,
+            opd_summary(stats),
         )
 
     async def _judge_candidate(self) -> GateVerdict | None:

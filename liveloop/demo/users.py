@@ -206,9 +206,13 @@ async def run_population(
     seconds: float,
     seed: int,
     max_turns_per_user: int | None = None,
+    stats: UserStats | None = None,
 ) -> UserStats:
-    """All users concurrently for `seconds` (or until each has `max_turns_per_user`)."""
-    stats = UserStats()
+    """All users concurrently for `seconds` (or until each has `max_turns_per_user`).
+
+    `stats` collects what they saw as it happens (pass one in to keep it if cancelled).
+    """
+    stats = stats if stats is not None else UserStats()
     deadline = time.monotonic() + seconds
     users = [SimulatedUser(i, p, run, seed) for i, p in enumerate(preferences)]
     await asyncio.gather(*(u.live(stats, deadline, max_turns_per_user) for u in users))

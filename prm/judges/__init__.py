@@ -12,6 +12,8 @@ from liveloop.prm.judges.base import (
     NextState,
     Signal,
     TurnHead,
+    clean_hint,
+    longest_hint,
     message_text,
     validate_result,
 )
@@ -27,8 +29,10 @@ __all__ = [
     "Signal",
     "TurnHead",
     "available_judges",
+    "clean_hint",
     "load_judge",
     "load_judges",
+    "longest_hint",
     "message_text",
     "validate_result",
 ]
