@@ -89,7 +89,7 @@ def test_enhanced_prompt_of_an_extended_follow_up_turn(pol: Policy) -> None:
     assert enhanced.ids is not None
     head = len(first_ids) + len(completion)
     assert enhanced.ids[:head] == built.token_ids[:head]
-    hinted = template.render_text([*follow_up, user(HINT)], None)
+    hinted = template.render_text([*follow_up, {"role": "system", "content": HINT}], None)
     assert HintInserter(pol.tokenizer).decode(enhanced.ids) == hinted
 
 
@@ -113,7 +113,7 @@ def test_no_enhanced_prompt_when_it_cannot_be_exact(pol: Policy) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(pol.tokenizer, name)
 
-    strict = HintInserter(Strict())
+    strict = HintInserter(Strict(), role="user")
     assert strict.insert(prompt, messages, None, HINT).failure == "template"
     lenient = HintInserter(Strict(), role="system")  # a system message there is allowed
     own = lenient.template.render_ids(messages, None)

@@ -89,6 +89,16 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
     return [t for t in out if t.turn_type == "main"]
 
 
+def read_update_metrics(redis_url: str) -> list[dict[str, float]]:
+    """Every update's statistics, as announced on `liveloop:weights` (pruned versions too)."""
+    client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        entries = client.xrange("liveloop:weights")
+    finally:
+        client.close()
+    return [json.loads(fields["data"]).get("metrics") or {} for _id, fields in entries]
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -155,7 +165,6 @@ def add_registry_quality(summary: dict[str, Any], db_url: str) -> None:
         entry = platform.setdefault(str(info.version), {})
         entry.update(status=info.status, reason=info.reason)
     summary["platform"] = dict(sorted(platform.items(), key=lambda kv: int(kv[0])))
-    summary["training"] = training_figures([info.metrics for info in versions])
     summary["rejected_versions"] = sorted(
         int(v) for v, entry in platform.items() if entry.get("status") == "rejected"
     )

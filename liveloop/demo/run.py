@@ -35,7 +35,9 @@ from liveloop.demo.report import (
     add_registry_quality,
     headline,
     read_judged,
+    read_update_metrics,
     summarise,
+    training_figures,
     write_report,
 )
 from liveloop.demo.users import UserRun, UserStats, run_population
@@ -256,6 +258,7 @@ def run_objective(
         summary["eval"], summary["hint_examples"] = _compare_versions(
             supervisor, admin_key, base_model_dir, settings, turns
         )
+        summary["training"] = training_figures(read_update_metrics(supervisor.redis_url))
         add_registry_quality(summary, child.effective_db_url)
     finally:
         supervisor.stop()

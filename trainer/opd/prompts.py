@@ -37,7 +37,7 @@ class Enhanced:
 class HintInserter:
     """Inserts a hint message before the assistant's reply, in a turn's own prompt ids."""
 
-    def __init__(self, tokenizer: Any, role: str = "user", template_text: str = "{hint}") -> None:
+    def __init__(self, tokenizer: Any, role: str = "system", template_text: str = "{hint}") -> None:
         self.tokenizer = tokenizer
         self.template = ChatTemplate(tokenizer)
         self.role = role
