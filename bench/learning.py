@@ -84,6 +84,7 @@ def run_one(
         seconds=time.monotonic() - started,
         platform_quality=_platform_quality(run.summary),
         extra_env=extra_env,
+        scores=[t.score for t in run.turns],  # in judged order: thresholds can be recomputed
     )
     return figures
 

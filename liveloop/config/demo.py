@@ -4,9 +4,9 @@ from typing import Literal
 
 from pydantic import Field
 
-Objective = Literal["rl", "opd", "combine"]
-
 from liveloop.config.base import Section
+
+Objective = Literal["rl", "opd", "combine"]
 
 
 class DemoConfig(Section):

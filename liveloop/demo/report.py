@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from liveloop import bus
-from liveloop.contracts import ScoredTurn
+from liveloop.contracts import ScoredTurn, WeightsAnnouncement
 from liveloop.demo.curves import turns_to_threshold, window_means
 from liveloop.demo.measures import reply_quality
 from liveloop.demo.render import plot, render_markdown
@@ -91,12 +91,12 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
 
 def read_update_metrics(redis_url: str) -> list[dict[str, float]]:
     """Every update's statistics, as announced on `liveloop:weights` (pruned versions too)."""
-    client: Any = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = bus.redis_client_sync(redis_url)
     try:
-        entries = client.xrange("liveloop:weights")
+        entries: Any = client.xrange(bus.stream_key(bus.WEIGHTS))
     finally:
         client.close()
-    return [json.loads(fields["data"]).get("metrics") or {} for _id, fields in entries]
+    return [a.metrics for a in bus.decode_entries(entries, WeightsAnnouncement)]
 
 
 def _mean(values: list[float]) -> float | None:

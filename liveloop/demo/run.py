@@ -283,9 +283,8 @@ def _drive(
     max_judged_turns: int | None = None,
 ) -> UserStats:
     """Run the population while keeping the loops up and the live view fresh."""
-    import redis
-
-    counter: Any = redis.Redis.from_url(supervisor.redis_url)
+    counter = bus.redis_client_sync(supervisor.redis_url)
+    scored = bus.stream_key(bus.SCORED)
 
     async def main() -> UserStats:
         stats = UserStats()
@@ -300,7 +299,7 @@ def _drive(
                 f"{time.monotonic() - t0:.0f}s of {seconds:.0f}s, {len(people)} users"
             )
             view.refresh()
-            if max_judged_turns is not None and counter.xlen("liveloop:scored") >= max_judged_turns:
+            if max_judged_turns is not None and int(counter.xlen(scored)) >= max_judged_turns:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 return stats
