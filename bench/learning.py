@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -51,6 +53,24 @@ from liveloop.demo.run import objective_figures, run_objective  # noqa: E402
 THRESHOLDS = {"tiny-random": 0.25, "smollm2-135m": 0.25}
 
 
+def free_port_block() -> int:
+    """A port P with P..P+4 free: the server serves on P, the loops' metrics on P+2..P+4."""
+
+    def bindable(port: int) -> bool:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    for _ in range(200):
+        port = random.randrange(20_000, 32_000)  # below the ephemeral range
+        if all(bindable(port + i) for i in range(5)):
+            return port
+    raise RuntimeError("no block of 5 free ports")
+
+
 def run_one(
     model: str, objective: str, seed: int, args: argparse.Namespace, extra_env: dict[str, str]
 ) -> dict[str, Any]:
@@ -58,6 +78,7 @@ def run_one(
     threshold = args.threshold if args.threshold is not None else THRESHOLDS.get(model, 0.25)
     settings = load_settings(
         model=model,
+        port=free_port_block(),
         demo={
             "minutes": args.minutes_cap,
             "users": args.users,

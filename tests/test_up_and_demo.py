@@ -177,7 +177,7 @@ def test_demo_with_opd_on_tiny_random_distils_from_its_hints(tmp_path: Path) -> 
     tiny-random rate (2e-2) are far larger than this teacher's distance from its student.
     """
     port = free_port_block()
-    cmd = [*CLI, "demo", "--model", "tiny-random", "--minutes", "1.5", "--objective", "opd"]
+    cmd = [*CLI, "demo", "--model", "tiny-random", "--minutes", "1", "--objective", "opd"]
     cmd += ["--port", str(port), "--data-dir", str(tmp_path), "--quiet"]
     env = {**os.environ, "LIVELOOP_TRAINER__LR": "1e-5"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

@@ -180,6 +180,9 @@ class Trainer:
             if self.comm.world > 1:  # release the followers waiting for a message
                 await asyncio.to_thread(self.comm.broadcast, StepMessage("stop"))
             raise
+        finally:
+            if self.updater is not None:
+                self.updater.close()  # the OPD teacher's HTTP client and threads
 
     async def _serve(self) -> None:
         client = await bus.connect(self._redis_url())
@@ -228,7 +231,9 @@ class Trainer:
         return self.settings.redis_url
 
     def _run_config(self) -> dict[str, object]:
-        return {"model": self.settings.model, "world": self.comm.world, **self.cfg.model_dump()}
+        secret = {"opd": {"endpoint": {"api_key"}}}  # the teacher's key stays out of the registry
+        config = self.cfg.model_dump(exclude=secret)
+        return {"model": self.settings.model, "world": self.comm.world, **config}
 
     async def _reconcile(self, publisher: Publisher) -> None:
         """Make sure the checkpoint we resumed from is recorded and announced."""
