@@ -8,6 +8,11 @@ to the final version. Runs differ only in `trainer.objective`; for one model and
 they share the same users (population, preferences and questions), the same judged-turn
 budget and the same settings otherwise.
 
+By default the users are paced (`--pace 16`): before each request they wait while the judged
+turns number 16 x (published versions + 1) or more, so every objective gets one update per
+16 judged turns however long its updates take, and the comparison is one of learning per
+judged turn, not of trainer speed on a busy machine. `--pace 0` lets them run free.
+
 For every run: the mean judged reward per window of `--window` turns, the number of judged
 turns until the moving reward (over `--window` turns) first reaches `--threshold`, the
 held-out reward of the final version, the reply-quality measures of the learning-quality
@@ -16,8 +21,8 @@ reference NLL and KL per version from the registry), the hint share, and what th
 cost per update. Per objective: the mean and the spread (standard deviation, min, max) over
 seeds; then `combine` against `rl` in judged turns to the threshold.
 
-`--staleness` also runs `combine` with `collector.max_staleness` 0 against the default and
-reports the wall-clock minutes to the threshold: the end-to-end form of the asynchronous
+`--staleness` also runs `combine` with `collector.max_staleness` 0 against the default, with
+free-running users, and reports the wall-clock minutes to the threshold: the end-to-end form of the asynchronous
 speed-up that `bench/async_vs_sync.py` measures against a simulated generator.
 
 Each run takes minutes (tiny-random: 2-4; smollm2-135m: 10-20 on a small CPU), so the budget
@@ -89,13 +94,19 @@ def run_one(
     )
     with tempfile.TemporaryDirectory(prefix="liveloop-learning-") as scratch:
         started = time.monotonic()
+        env = {
+            "LIVELOOP_TRAINER__GATE__ENABLED": "true" if args.gate == "on" else "false",
+            "LIVELOOP_TRAINER__MICRO_BATCH_TOKENS": str(args.micro_batch_tokens),
+            **extra_env,
+        }
         run = run_objective(
             settings,
             objective,
             Path(scratch) / "run",
             quiet=True,
-            extra_env=extra_env,
+            extra_env=env,
             max_judged_turns=args.turns,
+            turns_per_update=args.pace or None,
         )
     figures = objective_figures(run.summary)
     figures.update(
@@ -191,6 +202,20 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, help="moving reward to reach (per model)")
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--minutes-cap", type=float, default=60.0, help="longest run")
+    parser.add_argument(
+        "--pace",
+        type=int,
+        default=16,
+        help="users wait while judged turns exceed this many per published version, so every "
+        "objective gets one update per PACE judged turns (0: free-running users)",
+    )
+    parser.add_argument("--gate", choices=("on", "off"), default="on", help="promotion gate")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=1024,
+        help="trainer micro-batch (the loss does not depend on it; peak memory does)",
+    )
     parser.add_argument("--staleness", action="store_true", help="also max_staleness 0 vs default")
     parser.add_argument("--staleness-model", help="model of the staleness runs (first --models)")
     parser.add_argument("--out", type=Path, default=Path("learning.json"))
@@ -211,12 +236,13 @@ def main() -> None:
     if args.staleness:
         model = args.staleness_model or models[0]
         pairs: dict[str, list[dict[str, Any]]] = {"max_staleness 0": [], "default": []}
+        free = argparse.Namespace(**{**vars(args), "pace": 0})  # wall clock: users never wait
         for seed in seeds:
             for label, env in (
                 ("max_staleness 0", {"LIVELOOP_COLLECTOR__MAX_STALENESS": "0"}),
                 ("default", {}),
             ):
-                pairs[label].append(run_one(model, "combine", seed, args, env))
+                pairs[label].append(run_one(model, "combine", seed, free, env))
                 result["staleness"] = {
                     "model": model,
                     **{

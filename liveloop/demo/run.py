@@ -12,6 +12,7 @@ for one version on its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.demo.examples import hint_examples
 from liveloop.demo.measures import reply_quality
+from liveloop.demo.pacing import Pacer
 from liveloop.demo.preferences import make_population
 from liveloop.demo.report import (
     JudgedTurn,
@@ -203,10 +205,13 @@ def run_objective(
     quiet: bool = False,
     extra_env: dict[str, str] | None = None,
     max_judged_turns: int | None = None,
+    turns_per_update: int | None = None,
 ) -> ObjectiveRun:
     """The loops under one objective with simulated users, then the held-out comparison.
 
-    Users talk for `demo.minutes`, or until `max_judged_turns` turns were judged.
+    Users talk for `demo.minutes`, or until `max_judged_turns` turns were judged. With
+    `turns_per_update` they wait before each request while the judged turns outnumber the
+    published versions by that many per version (see `Pacer`).
     """
     from liveloop.models import resolve_model_dir
     from liveloop.status import LiveView
@@ -237,7 +242,14 @@ def run_objective(
         title = f"LiveLoop demo ({objective})"
         with LiveView(supervisor, quiet=quiet, title=title) as view:
             stats = _drive(
-                run, people, seconds, settings.demo.seed, supervisor, view, max_judged_turns
+                run,
+                people,
+                seconds,
+                settings.demo.seed,
+                supervisor,
+                view,
+                max_judged_turns,
+                turns_per_update,
             )
         log.info(
             "population done after %.0fs: %d answers", time.monotonic() - started, len(stats.turns)
@@ -281,10 +293,14 @@ def _drive(
     supervisor: Supervisor,
     view: Any,
     max_judged_turns: int | None = None,
+    turns_per_update: int | None = None,
 ) -> UserStats:
     """Run the population while keeping the loops up and the live view fresh."""
     counter = bus.redis_client_sync(supervisor.redis_url)
     scored = bus.stream_key(bus.SCORED)
+    pacer = Pacer(counter, turns_per_update) if turns_per_update else None
+    if pacer is not None:
+        run = dataclasses.replace(run, pace=pacer.wait)
 
     async def main() -> UserStats:
         stats = UserStats()

@@ -14,6 +14,7 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,7 @@ class UserRun:
     turns_per_session: int = 3
     record: bool = True
     temperature: float = 1.0
+    pace: Callable[[], Awaitable[None]] | None = None  # awaited before every request
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -143,6 +145,8 @@ class SimulatedUser:
                 return
             if max_turns is not None and self._answered(stats) >= max_turns:
                 return
+            if self.run.pace is not None:
+                await self.run.pace()
             completion, version = await self._ask(session, messages, question.wants_tool)
             message = completion.choices[0].message
             messages.append(_assistant_message(message))
