@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from liveloop.contracts import BatchSample, ScoredTurn
+from liveloop.contracts import BatchSample, SampleHint, ScoredTurn
 
 GROUP_STD_EPS = 1e-6
 
@@ -47,8 +47,15 @@ class PendingSample:
         return Counter(self.turn.versions).most_common(1)[0][0] if self.turn.versions else 0
 
     def to_batch_sample(self) -> BatchSample:
-        """The compact form that goes into a training batch."""
+        """The compact form that goes into a training batch.
+
+        A turn with a directive hint carries it with its request messages and tools, from
+        which the trainer builds the teacher's prompt; other turns carry no text at all.
+        """
         t = self.turn
+        hint = None
+        if t.directive_hint:
+            hint = SampleHint(text=t.directive_hint, messages=t.messages, tools=t.tools)
         return BatchSample(
             key=t.key,
             prompt_token_ids=t.prompt_token_ids,
@@ -57,6 +64,7 @@ class PendingSample:
             versions=t.versions,
             advantage=self.advantage,
             score=t.score,
+            hint=hint,
         )
 
 

@@ -219,6 +219,7 @@ class Collector:
             if result.status == "ok":
                 self.metrics.batches.inc()
                 self.metrics.batched_turns.inc(len(b.samples))
+                self.metrics.hinted_turns.inc(sum(bool(p.turn.directive_hint) for p in b.samples))
                 self.metrics.batch_tokens.observe(b.tokens)
                 self.metrics.batch_wait.observe(now - b.oldest)
                 if result.batch.path is not None:

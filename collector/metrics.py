@@ -40,6 +40,11 @@ class CollectorMetrics:
         self.batched_turns = Counter(
             "liveloop_collector_batched_turns", "Turns published in batches.", registry=r
         )
+        self.hinted_turns = Counter(
+            "liveloop_collector_hinted_turns",
+            "Turns published in batches with a directive hint (for on-policy distillation).",
+            registry=r,
+        )
         self.batch_tokens = self._histogram(
             "batch_tokens", "Tokens per published batch.", TOKEN_BUCKETS
         )

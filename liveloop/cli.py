@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("demo", "eval"):
         cmds[name].add_argument("--minutes", type=float, help="bound on the run's length")
         cmds[name].add_argument("--users", type=int, help="concurrent simulated users")
+    cmds["demo"].add_argument(
+        "--objective",
+        help="training objective(s), comma-separated, run one after the other: rl, opd, "
+        "combine (default: combine)",
+    )
     cmds["eval"].add_argument(
         "--version", type=int, help="also replay held-out users against this policy version"
     )
@@ -127,6 +132,8 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
     for key in ("minutes", "users"):
         if getattr(args, key, None) is not None:
             demo[key] = getattr(args, key)
+    if getattr(args, "objective", None):
+        demo["objectives"] = [o.strip() for o in args.objective.split(",") if o.strip()]
     if demo:
         overrides["demo"] = demo
     server = _engine_overrides(args)
@@ -207,7 +214,7 @@ def _run_redis(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 def _run_key_id(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     """Key ids for `server.key_limits` and for finding a key's turns (keys come on stdin,
     one a line, so they stay out of the shell history and the process list)."""
-    from liveloop.config import tenant_id
+    from liveloop.server.api.auth import tenant_id
 
     for line in sys.stdin:
         if line.strip():

@@ -117,7 +117,12 @@ class ScoredTurn(TurnRecord):
     judge: str
     signal: NextStateKind = "next_turn"
     step_scores: list[float] | None = None
-    hint: str | None = None
+    hint: str | None = Field(None, description="A judge's explanation of its score (free text).")
+    directive_hint: str | None = Field(
+        None,
+        description="What the reply should have done differently, as a short instruction "
+        "('Answer in 20 words at most.'), when the next state revealed it; used by OPD.",
+    )
     votes: list[float] | None = None
     judged_at: float = Field(default_factory=time.time)
 
@@ -133,6 +138,19 @@ class Feedback(Contract):
     created_at: float = Field(default_factory=time.time)
 
 
+class SampleHint(BaseModel):
+    """A directive hint with the conversation it applies to, for the OPD teacher.
+
+    The trainer inserts `text` into the sample's own prompt ids as the chat template renders
+    an extra instruction before the assistant's reply; `messages` and `tools` are the turn's
+    request, needed to check that the insertion is exact.
+    """
+
+    text: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+
+
 class BatchSample(BaseModel):
     """One training sample: token-exact ids, behaviour log-probs and its advantage."""
 
@@ -143,6 +161,9 @@ class BatchSample(BaseModel):
     versions: list[int]
     advantage: float
     score: float
+    hint: SampleHint | None = Field(
+        None, description="The judge's directive hint (only on turns that have one)."
+    )
 
     @property
     def min_version(self) -> int:

@@ -62,7 +62,9 @@ def run(
     probes = LoopProbes(registry, redis_url)
     if shared.metrics_port is not None:
         probes.start(shared.metrics_port, shared.host)
-    panel = JudgePanel(judges, metrics, timeout_s=judging.judge_timeout_s)
+    panel = JudgePanel(
+        judges, metrics, timeout_s=judging.judge_timeout_s, hint_chars=judging.hint_chars
+    )
     try:
         if replay is not None:
             stats = asyncio.run(_replay(redis_url, panel, replay))

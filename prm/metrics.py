@@ -55,6 +55,12 @@ class PrmMetrics:
             ["judge"],
             registry=registry,
         )
+        self.directive_hints = Counter(
+            "liveloop_prm_directive_hints_total",
+            "Verdicts carrying a directive hint, by judge ('final' = the combined verdicts).",
+            ["judge"],
+            registry=registry,
+        )
         self.votes_disagreement = Histogram(
             "liveloop_prm_votes_disagreement",
             "Share of a voting judge's votes that differ from its majority.",

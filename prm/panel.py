@@ -3,7 +3,8 @@
 Every judge runs under a time limit and its output is validated; a judge that raises, times
 out or returns something invalid fails the whole turn (the judging loop retries it and, in
 the end, dead-letters it). Judges without an opinion (None) are left out of the weighted
-mean; decisive results (explicit feedback) replace the mean of the others.
+mean; decisive results (explicit feedback) replace the mean of the others. The verdict's
+directive hint is the longest non-trivial one among the judges counted.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from liveloop.prm.judges.base import Judge, JudgeError, JudgeRequest, JudgeResult, validate_result
+from liveloop.prm.judges.base import (
+    Judge,
+    JudgeError,
+    JudgeRequest,
+    JudgeResult,
+    longest_hint,
+    validate_result,
+)
 from liveloop.prm.metrics import PrmMetrics
 
 
@@ -25,19 +33,28 @@ class Verdict:
     step_scores: list[float] | None = None
     hint: str | None = None
     votes: list[float] | None = None
+    directive_hint: str | None = None
 
 
 class JudgePanel:
-    """One or more judges with weights; `judge(request)` gives a Verdict or None."""
+    """One or more judges with weights; `judge(request)` gives a Verdict or None.
+
+    `hint_chars` bounds directive hints: (shortest that is not trivial, longest kept).
+    """
 
     def __init__(
-        self, judges: list[tuple[Judge, float]], metrics: PrmMetrics, timeout_s: float = 120.0
+        self,
+        judges: list[tuple[Judge, float]],
+        metrics: PrmMetrics,
+        timeout_s: float = 120.0,
+        hint_chars: tuple[int, int] = (10, 300),
     ) -> None:
         if not judges:
             raise ValueError("a panel needs at least one judge")
         self.judges = judges
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self.hint_chars = hint_chars
         self._latency = {j.name: metrics.judge_latency.labels(j.name) for j, _ in judges}
         self._scores = {j.name: metrics.judge_score.labels(j.name) for j, _ in judges}
         self._final = metrics.judge_score.labels("final")
@@ -75,6 +92,8 @@ class JudgePanel:
         self._latency[judge.name].observe(time.perf_counter() - start)
         if result is not None:
             self._scores[judge.name].observe(result.score)
+            if result.directive_hint:
+                self.metrics.directive_hints.labels(judge.name).inc()
             if result.votes and "disagreement" in result.extra:
                 self.metrics.votes_disagreement.labels(judge.name).observe(
                     float(result.extra["disagreement"])
@@ -96,13 +115,20 @@ class JudgePanel:
         if not given:
             return None
         decisive = [g for g in given if g[2].decisive]
-        verdict = combine(decisive or given)
+        verdict = combine(decisive or given, self.hint_chars)
         self._final.observe(verdict.score)
+        if verdict.directive_hint:
+            self.metrics.directive_hints.labels("final").inc()
         return verdict
 
 
-def combine(given: list[tuple[str, float, JudgeResult]]) -> Verdict:
-    """Weighted mean of the results; extras come from the first judge that has them."""
+def combine(
+    given: list[tuple[str, float, JudgeResult]], hint_chars: tuple[int, int] = (10, 300)
+) -> Verdict:
+    """Weighted mean of the results; extras come from the first judge that has them.
+
+    The directive hint is the longest non-trivial one among the results.
+    """
     total = sum(w for _, w, _ in given)
     score = sum(w * r.score for _, w, r in given) / total
     hints = [f"{name}: {r.hint}" if len(given) > 1 else r.hint for name, _, r in given if r.hint]
@@ -112,4 +138,5 @@ def combine(given: list[tuple[str, float, JudgeResult]]) -> Verdict:
         step_scores=next((r.step_scores for _, _, r in given if r.step_scores), None),
         hint="; ".join(h for h in hints if h) or None,
         votes=next((r.votes for _, _, r in given if r.votes), None),
+        directive_hint=longest_hint([r.directive_hint for _, _, r in given], *hint_chars),
     )

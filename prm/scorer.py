@@ -68,6 +68,7 @@ def make_scored(turn: TurnRecord, verdict: Verdict, signal: str) -> ScoredTurn:
         step_scores=verdict.step_scores,
         hint=verdict.hint,
         votes=verdict.votes,
+        directive_hint=verdict.directive_hint,
     )
     return ScoredTurn.model_validate(data)
 
@@ -75,12 +76,16 @@ def make_scored(turn: TurnRecord, verdict: Verdict, signal: str) -> ScoredTurn:
 def scored_index(
     head: TurnHead | TurnRecord, verdict: Verdict, signal: str, judged_by: str = ""
 ) -> dict[str, str | int]:
-    """Small index fields of a scored entry, beside its `data` (`judged_by`: the consumer)."""
+    """Small index fields of a scored entry, beside its `data` (`judged_by`: the consumer).
+
+    `hinted` is 1 for a turn whose verdict carries a directive hint, else 0.
+    """
     index: dict[str, str | int] = {
         "session_id": head.session_id,
         "turn_index": head.turn_index,
         "judge": verdict.judge,
         "signal": signal,
+        "hinted": int(bool(verdict.directive_hint)),
     }
     if judged_by:
         index["judged_by"] = judged_by
@@ -115,6 +120,7 @@ def scored_fields(
                 "step_scores": verdict.step_scores,
                 "hint": verdict.hint,
                 "votes": verdict.votes,
+                "directive_hint": verdict.directive_hint,
                 "judged_at": time.time(),
             }
         )

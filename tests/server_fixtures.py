@@ -16,7 +16,7 @@ import openai
 import pytest
 import redis
 
-from liveloop.config import tenant_id
+from liveloop.server.api.auth import tenant_id
 from liveloop.valkey import EmbeddedValkey
 from tests.server_proc import ADMIN_KEY, API_KEYS, BUSY_KEY, RATE_KEY, ServerProcess, db_url
 

@@ -14,7 +14,8 @@ import openai
 import pytest
 import redis
 
-from liveloop.config import ConfigError, load_settings, tenant_id
+from liveloop.config import ConfigError, load_settings
+from liveloop.server.api.auth import tenant_id
 from liveloop.server.limits import TenantLimiter
 from tests.server_proc import (
     ADMIN_KEY,

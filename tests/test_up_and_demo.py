@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import socket
@@ -162,3 +163,32 @@ def test_eval_runs_held_out_users_against_one_version(tmp_path: Path) -> None:
     assert result["version"] == 0
     assert result["turns"] == 24  # 6 held-out users x 4 answers each
     assert -1.0 <= result["mean_reward"] <= 1.0
+
+
+@pytest.mark.slow
+def test_demo_with_opd_on_tiny_random_distils_from_its_hints(tmp_path: Path) -> None:
+    """`--objective opd` end to end: the rules judge turns the users' corrections into
+    directive hints, the trainer trains on the hinted turns with the policy, told the hint, as
+    its teacher, and each update moves the student's log-probs of the taught tokens towards
+    the teacher's. That is what tiny-random can learn from a hint: it has no language, so its
+    reward is not expected to rise (bench/learning.py asks that of smollm2-135m).
+
+    The learning rate is the trainer's default order (1e-5): Adam steps at the demo's
+    tiny-random rate (2e-2) are far larger than this teacher's distance from its student.
+    """
+    port = free_port_block()
+    cmd = [*CLI, "demo", "--model", "tiny-random", "--minutes", "1", "--objective", "opd"]
+    cmd += ["--port", str(port), "--data-dir", str(tmp_path), "--quiet"]
+    env = {**os.environ, "LIVELOOP_TRAINER__LR": "1e-5"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "demo" / "report.json").read_text())
+    assert report["objective"] == "opd" and list(report["objectives"]) == ["opd"]
+    assert report["hint_share"] > 0.2
+    training = report["training"]
+    assert training["updates_with_opd"] >= 3 and training["opd_skipped"] == {}
+    assert training["opd_gap_after"] < training["opd_gap_before"], training
+    examples = report["hint_examples"]
+    assert examples and all(e["hint"] and e["before"] and e["after"] for e in examples)
+    markdown = (tmp_path / "demo" / "report.md").read_text()
+    assert "## Directive hints" in markdown and "updates distilled from a teacher" in markdown

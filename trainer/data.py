@@ -10,7 +10,7 @@ the same update up to float summation order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,8 @@ class MicroBatch:
     targets: torch.Tensor  # [N] the completion tokens
     logprobs: torch.Tensor  # [N] the behaviour log-probs recorded at serving (`logprobs`)
     advantages: torch.Tensor  # [N] the sample's advantage, per token
+    teacher: torch.Tensor  # [N] OPD teacher log-probs (0 where the sample has none)
+    opd_mask: torch.Tensor  # [N] 1.0 where the token has a teacher log-prob, else 0.0
     num_tokens: int  # T: tokens in the forward pass
     num_samples: int
     # (completion tokens, oldest version) of each sample, in row order
@@ -63,16 +65,26 @@ def pack_bins(samples: Sequence[BatchSample], max_tokens: int) -> list[list[Batc
     return first_fit_decreasing(samples, lambda s: s.num_tokens, max_tokens, lambda s: s.key)
 
 
-def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> MicroBatch:
-    """Pack samples into one row (prompt + completion each, positions restarting at 0)."""
+def build_micro_batch(
+    samples: Sequence[BatchSample],
+    device: str = "cpu",
+    teacher: Mapping[str, Sequence[float]] | None = None,
+) -> MicroBatch:
+    """Pack samples into one row (prompt + completion each, positions restarting at 0).
+
+    `teacher` maps a sample key to its OPD teacher log-probs (one per completion token).
+    """
     import torch
 
+    teacher = teacher or {}
     ids: list[int] = []
     positions: list[int] = []
     logit_index: list[int] = []
     targets: list[int] = []
     logprobs: list[float] = []
     advantages: list[float] = []
+    teacher_lp: list[float] = []
+    opd_mask: list[float] = []
     segments: list[tuple[int, int]] = []
     for sample in samples:
         start = len(ids)
@@ -83,8 +95,12 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
         logit_index += range(first, first + len(sample.completion_token_ids))
         targets += sample.completion_token_ids
         logprobs += sample.logprobs
-        advantages += [sample.advantage] * len(sample.completion_token_ids)
-        segments.append((len(sample.completion_token_ids), sample.min_version))
+        n = len(sample.completion_token_ids)
+        advantages += [sample.advantage] * n
+        taught = teacher.get(sample.key)
+        teacher_lp += list(taught) if taught is not None else [0.0] * n
+        opd_mask += [1.0 if taught is not None else 0.0] * n
+        segments.append((n, sample.min_version))
     return MicroBatch(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
@@ -92,6 +108,8 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
         targets=torch.tensor(targets, dtype=torch.long, device=device),
         logprobs=torch.tensor(logprobs, dtype=torch.float32, device=device),
         advantages=torch.tensor(advantages, dtype=torch.float32, device=device),
+        teacher=torch.tensor(teacher_lp, dtype=torch.float32, device=device),
+        opd_mask=torch.tensor(opd_mask, dtype=torch.float32, device=device),
         num_tokens=len(ids),
         num_samples=len(samples),
         segments=segments,
@@ -99,7 +117,10 @@ def build_micro_batch(samples: Sequence[BatchSample], device: str = "cpu") -> Mi
 
 
 def micro_batches(
-    samples: Sequence[BatchSample], max_tokens: int, device: str = "cpu"
+    samples: Sequence[BatchSample],
+    max_tokens: int,
+    device: str = "cpu",
+    teacher: Mapping[str, Sequence[float]] | None = None,
 ) -> list[MicroBatch]:
     """The micro-batches of one rank's share of a minibatch."""
-    return [build_micro_batch(b, device) for b in pack_bins(samples, max_tokens)]
+    return [build_micro_batch(b, device, teacher) for b in pack_bins(samples, max_tokens)]

@@ -59,6 +59,17 @@ class StepMessage:
     version: int = 0  # the version to go back to ("revert")
 
 
+def opd_summary(stats: UpdateStats) -> str:
+    """The on-policy distillation part of an update's log line ('' when nothing was hinted)."""
+    if not stats.hinted:
+        return ""
+    after = "-" if stats.opd_gap_after is None else f"{stats.opd_gap_after:.3f}"
+    return (
+        f"; opd: {stats.opd_samples}/{stats.hinted} hinted taught, gap {stats.opd_gap_before:.3f}"
+        f" -> {after}, {stats.opd_seconds:.1f}s"
+    )
+
+
 def resolved_config(cfg: TrainerConfig, model: str) -> TrainerConfig:
     """The trainer settings with model-dependent defaults filled in (the KL coefficient)."""
     if cfg.kl_coef is None:
@@ -122,14 +133,20 @@ class Trainer:
     def _load(self, version: int | None) -> None:
         """Weights, optimizer state and trainer state of a checkpoint (None: the base model)."""
         checkpoint = self.store.path_for(version) if version else None
+        reference_teacher = self.cfg.objective != "rl" and self.cfg.opd.teacher == "reference"
         policy = load_policy(
             self.shared.model,
             self.cfg.device,
             self.cfg.lora,
             checkpoint=checkpoint,
-            with_reference=bool(self.cfg.kl_coef) or self.cfg.measure_drift or self.gated,
+            with_reference=bool(self.cfg.kl_coef)
+            or self.cfg.measure_drift
+            or self.gated
+            or reference_teacher,
         )
-        self.updater = PPOUpdater(policy, self.cfg, self.comm)
+        if self.updater is not None:
+            self.updater.close()
+        self.updater = PPOUpdater(policy, self.cfg, self.comm, model_name=self.shared.model)
         if version:
             self.store.load_optimizer(version, self.updater.optimizer)
             self.state = self.store.load_state(version)
@@ -171,6 +188,9 @@ class Trainer:
             if self.comm.world > 1:  # release the followers waiting for a message
                 await asyncio.to_thread(self.comm.broadcast, StepMessage("stop"))
             raise
+        finally:
+            if self.updater is not None:
+                self.updater.close()  # the OPD teacher's HTTP client and threads
 
     async def _serve(self) -> None:
         client = await bus.connect(self.shared.require_redis("train"))
@@ -241,7 +261,9 @@ class Trainer:
                 await asyncio.to_thread(self.setup)
 
     def _run_config(self) -> dict[str, object]:
-        return {"model": self.shared.model, "world": self.comm.world, **self.cfg.model_dump()}
+        secret = {"opd": {"endpoint": {"api_key"}}}  # the teacher's key stays out of the registry
+        config = self.cfg.model_dump(exclude=secret)
+        return {"model": self.shared.model, "world": self.comm.world, **config}
 
     async def _reconcile(self, publisher: Publisher) -> None:
         """Make sure the checkpoint we resumed from is recorded and announced."""
@@ -286,13 +308,20 @@ class Trainer:
 
     def _trainable(self, samples: list[BatchSample]) -> list[BatchSample]:
         """Valid samples within the staleness bound of the current version (the collector's
-        checks, applied again: the trainer may have moved on since the batch was packed)."""
+        checks, applied again: the trainer may have moved on since the batch was packed).
+
+        Under the 'opd' objective a sample without a directive hint has nothing to learn
+        from, and is dropped too (counted as 'no_hint').
+        """
         kept = []
         for sample in samples:
             problem = untrainable(sample)
             if problem is not None:
                 log.warning("dropping sample %s: %s", sample.key, problem.detail)
                 self.metrics.dropped.labels("invalid").inc()
+                continue
+            if self.cfg.objective == "opd" and sample.hint is None:
+                self.metrics.dropped.labels("no_hint").inc()
                 continue
             if not within_staleness(sample, self.version, self.shared.max_staleness):
                 self.metrics.dropped.labels("stale").inc()
@@ -341,7 +370,7 @@ class Trainer:
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
         log.info(
-            "v%d %s: %d samples, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, entropy %.2f",
+            "v%d %s: %d samples, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, entropy %.2f%s",
             state.version,
             state.status,
             stats.samples,
@@ -350,6 +379,7 @@ class Trainer:
             stats.approx_kl,
             stats.ref_kl,
             stats.entropy,
+            opd_summary(stats),
         )
 
     async def _judge_candidate(self) -> GateVerdict | None:

@@ -23,6 +23,8 @@ from typing import Literal
 
 import torch
 
+Objective = Literal["rl", "opd", "combine"]
+
 # exp() of a log importance weight above this is reported as exp(_MAX_LOG_W): avoids inf.
 _MAX_LOG_W = 30.0
 
@@ -59,6 +61,42 @@ def k3_kl(logp_sampling: torch.Tensor, logp_other: torch.Tensor) -> torch.Tensor
     """
     d = logp_other - logp_sampling
     return torch.exp(d) - d - 1.0
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How token advantages are made: the objective, its weights and the OPD clamp."""
+
+    objective: Objective = "rl"
+    rl_weight: float = 1.0
+    opd_weight: float = 1.0
+    opd_clip: float | None = 5.0
+
+
+def opd_advantages(
+    teacher: torch.Tensor, proximal: torch.Tensor, mask: torch.Tensor, clip: float | None
+) -> torch.Tensor:
+    """log pi_teacher - log pi_proximal per token (clamped to +-clip), 0 where `mask` is 0."""
+    gap = (teacher - proximal).detach()
+    if clip is not None:
+        gap = gap.clamp(-clip, clip)
+    return gap * mask
+
+
+def token_advantages(
+    scalar: torch.Tensor,
+    teacher: torch.Tensor,
+    proximal: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: AdvantageConfig,
+) -> torch.Tensor:
+    """Each token's advantage under the objective (all inputs per token, detached)."""
+    if cfg.objective == "rl":
+        return scalar.detach()
+    opd = cfg.opd_weight * opd_advantages(teacher, proximal, mask, cfg.opd_clip)
+    if cfg.objective == "opd":
+        return opd
+    return cfg.rl_weight * scalar.detach() + opd
 
 
 def importance_weights(

@@ -6,6 +6,11 @@ under the weights before the first step, without gradients. Each micro-batch's l
 token sum divided by the *global* completion-token count of its minibatch, and gradients
 are summed over ranks, so the step equals the token-level mean over the whole minibatch no
 matter how it was divided.
+
+Under the `opd` and `combine` objectives the teacher signal of each rank's share is computed
+first (`liveloop.trainer.opd`), before any step, and each token's advantage is made from it
+(`token_advantages`); after the steps, the student's log-probs of the taught tokens are
+measured again to report how far the teacher-student gap closed.
 """
 
 from __future__ import annotations
@@ -19,14 +24,26 @@ from liveloop.contracts import BatchSample
 from liveloop.quality import DriftSums
 from liveloop.trainer.data import MicroBatch, balanced_split, micro_batches
 from liveloop.trainer.dist import Comm
-from liveloop.trainer.loss import LossConfig, LossTerms, decoupled_ppo_loss
+from liveloop.trainer.loss import (
+    AdvantageConfig,
+    LossConfig,
+    LossTerms,
+    decoupled_ppo_loss,
+    opd_advantages,
+    token_advantages,
+)
+from liveloop.trainer.opd.distill import SKIP_REASONS, Distiller, TeacherSignal, make_teacher
 from liveloop.trainer.policy import Policy, completion_logprobs
 
 if TYPE_CHECKING:
     import torch
 
 # Order of the summed statistics in the all-reduced tensor.
-_SUMS = ("loss", "tokens", "clipped", "masked", "iw", "approx_kl", "ref_kl", "entropy")
+_SUMS = (
+    "loss", "tokens", "clipped", "masked", "iw", "approx_kl", "ref_kl", "entropy",
+    "hinted", "opd_samples", "opd_tokens", "opd_adv", "gap_before", "gap_after",
+    *(f"skip_{reason}" for reason in SKIP_REASONS),
+)  # fmt: skip
 
 
 @dataclass
@@ -47,6 +64,14 @@ class UpdateStats:
     forward_tokens: int
     optimizer_steps: int
     seconds: float
+    # on-policy distillation (zero under the 'rl' objective)
+    hinted: int = 0  # samples with a directive hint
+    opd_samples: int = 0  # samples trained with a teacher signal
+    opd_advantage: float = 0.0  # mean OPD advantage applied per taught token
+    opd_gap_before: float = 0.0  # mean |log pi_student - log pi_teacher|, before the update
+    opd_gap_after: float | None = None  # the same after the update (None: not measured)
+    opd_seconds: float = 0.0  # teacher signal + gap measurement time (slowest rank)
+    opd_skipped: dict[str, int] = field(default_factory=dict)  # hinted, no signal, by reason
     drift: dict[int, DriftSums] = field(default_factory=dict)  # per served version
 
     @property
@@ -54,11 +79,34 @@ class UpdateStats:
         """Forward tokens (prompt + completion) trained per second."""
         return self.forward_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def hint_share(self) -> float:
+        """Share of the batch's samples that carried a directive hint."""
+        return self.hinted / self.samples if self.samples else 0.0
+
     def as_metrics(self) -> dict[str, float]:
         """Flat float dict for the registry and the weights announcement."""
-        values = {f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "drift"}
+        nested = ("drift", "opd_skipped", "opd_gap_after")
+        values = {
+            f.name: float(getattr(self, f.name)) for f in fields(self) if f.name not in nested
+        }
         values["tokens_per_s"] = self.tokens_per_s
+        values["hint_share"] = self.hint_share
+        if self.opd_gap_after is not None:
+            values["opd_gap_after"] = self.opd_gap_after
+        for reason, count in self.opd_skipped.items():
+            values[f"opd_skipped_{reason}"] = float(count)
         return values
+
+
+def advantage_config(cfg: TrainerConfig) -> AdvantageConfig:
+    """How token advantages are made, from the trainer settings."""
+    return AdvantageConfig(
+        objective=cfg.objective,
+        rl_weight=cfg.opd.rl_weight,
+        opd_weight=cfg.opd.opd_weight,
+        opd_clip=cfg.opd.advantage_clip,
+    )
 
 
 def loss_config(cfg: TrainerConfig) -> LossConfig:
@@ -98,6 +146,21 @@ class _Totals:
     def __init__(self) -> None:
         self.sums = dict.fromkeys(_SUMS, 0.0)
         self.iw_max = 0.0
+        self.opd_seconds = 0.0
+
+    def add_signal(self, signal: TeacherSignal) -> None:
+        self.sums["hinted"] += signal.hinted
+        self.sums["opd_samples"] += len(signal.logprobs)
+        for reason, count in signal.skipped.items():
+            self.sums[f"skip_{reason}"] += count
+        self.opd_seconds += signal.seconds
+
+    def add_opd(self, mb: MicroBatch, proximal: torch.Tensor, opd: torch.Tensor) -> None:
+        """Statistics of the taught tokens of a micro-batch (`opd`: their applied advantage)."""
+        self.sums["opd_tokens"] += float(mb.opd_mask.sum())
+        self.sums["opd_adv"] += float(opd.sum())
+        gap = (proximal.detach() - mb.teacher).abs() * mb.opd_mask
+        self.sums["gap_before"] += float(gap.sum())
 
     def add(self, terms: LossTerms, entropy: torch.Tensor | None) -> None:
         for key, value in (
@@ -117,22 +180,37 @@ class _Totals:
         import torch
 
         sums = torch.tensor([self.sums[k] for k in _SUMS], dtype=torch.float64)
-        top = torch.tensor([self.iw_max], dtype=torch.float64)
+        top = torch.tensor([self.iw_max, self.opd_seconds], dtype=torch.float64)
         comm.sum_(sums)
         comm.max_(top)
+        self.opd_seconds = float(top[1])
         return dict(zip(_SUMS, sums.tolist(), strict=True)), float(top[0])
 
 
 class PPOUpdater:
     """Owns the optimizer and turns a list of samples into one policy update."""
 
-    def __init__(self, policy: Policy, cfg: TrainerConfig, comm: Comm | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        cfg: TrainerConfig,
+        comm: Comm | None = None,
+        *,
+        model_name: str = "",
+    ) -> None:
         import torch
 
         self.policy = policy
         self.cfg = cfg
         self.comm = comm or Comm()
         self.loss_cfg = loss_config(cfg)
+        self.adv_cfg = advantage_config(cfg)
+        self.distiller: Distiller | None = None
+        if cfg.objective != "rl":
+            teacher = make_teacher(
+                cfg.opd, policy, cfg.micro_batch_tokens, cfg.device, model_name or "default"
+            )
+            self.distiller = Distiller(cfg.opd, policy, teacher)
         self.params = policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -142,9 +220,33 @@ class PPOUpdater:
             weight_decay=cfg.weight_decay,
         )
 
-    def _local(self, minibatch: list[BatchSample]) -> list[MicroBatch]:
-        share = balanced_split(minibatch, self.comm.world)[self.comm.rank]
-        return micro_batches(share, self.cfg.micro_batch_tokens, self.cfg.device)
+    def close(self) -> None:
+        """Release the OPD teacher (HTTP clients, threads)."""
+        if self.distiller is not None:
+            self.distiller.close()
+
+    def _share(self, minibatch: list[BatchSample]) -> list[BatchSample]:
+        return balanced_split(minibatch, self.comm.world)[self.comm.rank]
+
+    def _teacher_signal(self, shares: list[list[BatchSample]]) -> TeacherSignal:
+        """Teacher log-probs of this rank's hinted samples (under 'rl' only their count)."""
+        if self.distiller is None:
+            return TeacherSignal(hinted=sum(s.hint is not None for share in shares for s in share))
+        return self.distiller.signal([s for share in shares for s in share])
+
+    def _gap_after(self, shares: list[list[BatchSample]], signal: TeacherSignal) -> float:
+        """Sum of |log pi_student - log pi_teacher| over the taught tokens, after the steps."""
+        import torch
+
+        taught = [s for share in shares for s in share if s.key in signal.logprobs]
+        total = 0.0
+        with torch.no_grad():
+            for mb in micro_batches(
+                taught, self.cfg.micro_batch_tokens, self.cfg.device, signal.logprobs
+            ):
+                after = completion_logprobs(self.policy.model, mb)[0]
+                total += float(((after - mb.teacher).abs() * mb.opd_mask).sum())
+        return total
 
     def _no_grad_logprobs(
         self, plan: list[list[MicroBatch]], fused_first: bool
@@ -180,28 +282,46 @@ class PPOUpdater:
         start = time.perf_counter()
         self.policy.model.train()
         minis = [m for m in balanced_split(samples, self.cfg.minibatches) if m]
-        plan = [self._local(m) for m in minis]
+        shares = [self._share(m) for m in minis]
+        totals = _Totals()
+        signal = self._teacher_signal(shares)
+        totals.add_signal(signal)
+        plan = [
+            micro_batches(share, self.cfg.micro_batch_tokens, self.cfg.device, signal.logprobs)
+            for share in shares
+        ]
         mini_targets = [sum(len(s.completion_token_ids) for s in m) for m in minis]
         proximal, reference = self._no_grad_logprobs(plan, self.cfg.fuse_proximal)
         drift = self._drift(plan, reference)
-        totals = _Totals()
         grad_norms: list[float] = []
         for i, mbs in enumerate(plan):
             self.optimizer.zero_grad(set_to_none=True)
             for j, mb in enumerate(mbs):
                 current, entropy = completion_logprobs(self.policy.model, mb, with_entropy=True)
                 prox = proximal.get((i, j), current.detach())
+                advantages = token_advantages(
+                    mb.advantages, mb.teacher, prox, mb.opd_mask, self.adv_cfg
+                )
                 terms = decoupled_ppo_loss(
-                    current, prox, mb.logprobs, mb.advantages, self.loss_cfg, reference.get((i, j))
+                    current, prox, mb.logprobs, advantages, self.loss_cfg, reference.get((i, j))
                 )
                 (terms.loss_sum / mini_targets[i]).backward()
                 totals.add(terms, entropy)
+                if signal.logprobs:
+                    opd = opd_advantages(mb.teacher, prox, mb.opd_mask, self.adv_cfg.opd_clip)
+                    totals.add_opd(mb, prox, self.adv_cfg.opd_weight * opd)
             self.comm.sum_gradients(self.params)
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
             grad_norms.append(float(norm))
             self.optimizer.step()
+        measure_after = bool(signal.logprobs) and self.cfg.opd.measure_gap_after
+        if measure_after:
+            after_start = time.perf_counter()
+            totals.sums["gap_after"] += self._gap_after(shares, signal)
+            totals.opd_seconds += time.perf_counter() - after_start
         sums, iw_max = totals.reduce(self.comm)
         tokens = max(sums["tokens"], 1.0)
+        opd_tokens = max(sums["opd_tokens"], 1.0)
         return UpdateStats(
             loss=sums["loss"] / tokens,
             clip_fraction=sums["clipped"] / tokens,
@@ -217,5 +337,16 @@ class PPOUpdater:
             forward_tokens=sum(len(s.prompt_token_ids) for s in samples) + sum(mini_targets),
             optimizer_steps=len(plan),
             seconds=time.perf_counter() - start,
+            hinted=int(sums["hinted"]),
+            opd_samples=int(sums["opd_samples"]),
+            opd_advantage=sums["opd_adv"] / opd_tokens,
+            opd_gap_before=sums["gap_before"] / opd_tokens,
+            opd_gap_after=(
+                sums["gap_after"] / opd_tokens
+                if self.cfg.opd.measure_gap_after and sums["opd_samples"]
+                else None
+            ),
+            opd_seconds=totals.opd_seconds,
+            opd_skipped={r: int(sums[f"skip_{r}"]) for r in SKIP_REASONS if sums[f"skip_{r}"] > 0},
             drift=drift,
         )

@@ -1,8 +1,12 @@
 """Settings of `liveloop demo` and `liveloop eval`."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from liveloop.config.base import Section
+
+Objective = Literal["rl", "opd", "combine"]
 
 
 class DemoConfig(Section):
@@ -12,3 +16,16 @@ class DemoConfig(Section):
     users: int = Field(8, ge=1, description="Concurrent simulated users.")
     seed: int = Field(0, description="Seed of the simulated user population.")
     window_turns: int = Field(64, ge=4, description="Turns in the first/last window of the report.")
+    objectives: list[Objective] = Field(
+        default_factory=lambda: list[Objective](["combine"]),
+        min_length=1,
+        description="Training objectives to run, one after the other, each for `minutes` with "
+        "the same users; the report compares their reward curves when there are several.",
+    )
+    reward_threshold: float = Field(
+        0.5,
+        ge=-1,
+        le=1,
+        description="The report counts judged turns until the moving reward (over window_turns) "
+        "first reaches this.",
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -39,6 +39,27 @@ DEFAULT_CORRECTIONS = [
     r"\b(?:please )?(?:start|begin) (?:by|with|your answer)\b",
     r"\b(?:just )?(?:one|a single) sentence\b",
     r"\b(?:use|check with) the [\w ]{0,30}tool\b",
+]
+# Sentences of a user's reply that say how the reply should have been instead: they become
+# the turn's directive hint ("Shorter, please: 20 words at most.").
+DEFAULT_DIRECTIVES = [
+    r"\btoo (?:long|short|verbose|wordy)\b",
+    r"\b(?:shorter|briefer|longer)\b",
+    r"\bbe (?:brief|concise)\b",
+    r"\b(?:in )?fewer words\b",
+    r"\b(?:at most|under|no more than) \w+ words\b",
+    r"\b\w+ words at most\b",
+    r"\bkeep it (?:short|brief|under|to)\b",
+    r"\bmore than i (?:need|wanted|asked)\b",
+    r"\b(?:start|begin) (?:by|with|your answer)\b",
+    r"\b(?:one|a single) sentence\b",
+    r"\b(?:use|check with) the [\w ]{0,30}tool\b",
+    r"\bread the tool result\b",
+    r"\bnot what the [\w ]{0,30}said\b",
+    r"\bin plain (?:words|english)\b",
+    r"\bno markup\b",
+    r"\bstay on (?:the )?topic\b",
+    r"\bi asked about\b",
 ]
 DEFAULT_APPROVALS = [
     r"\bthanks?\b",
@@ -86,6 +107,12 @@ class RulesJudgeConfig(Section):
         default_factory=lambda: list(DEFAULT_TOOL_ERRORS),
         description="Regexes that mark a tool result as an error (tracebacks, exit codes).",
     )
+    directive_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DIRECTIVES),
+        description="Regexes that mark a sentence of a user reply as saying how the reply "
+        "should have been ('keep it under 20 words'); such sentences are the turn's directive "
+        "hint. Empty = the rules judge gives no hints.",
+    )
     correction_score: float = Field(
         -1.0, ge=-1, le=1, description="Score of a user reply that matches a correction."
     )
@@ -108,9 +135,9 @@ class RulesJudgeConfig(Section):
         description="Score of a turn with no next state before the timeout; unset = no opinion (silence is not evidence, so by default such turns pass on unscored and are counted).",
     )
 
-    _check = field_validator("correction_patterns", "approval_patterns", "tool_error_patterns")(
-        _check_patterns
-    )
+    _check = field_validator(
+        "correction_patterns", "approval_patterns", "tool_error_patterns", "directive_patterns"
+    )(_check_patterns)
 
 
 class LLMJudgeConfig(Section):
@@ -124,12 +151,35 @@ class LLMJudgeConfig(Section):
     votes: int = Field(3, ge=1, le=15, description="Votes per turn; majority wins, ties give 0.")
     timeout_s: float = Field(30.0, gt=0, description="Timeout of one judge request.")
     concurrency: int = Field(8, ge=1, description="Most judge requests in flight.")
-    max_tokens: int = Field(64, ge=1, description="Completion budget of one vote.")
+    max_tokens: int = Field(
+        96, ge=1, description="Completion budget of one vote (a verdict and a short hint)."
+    )
     temperature: float = Field(
         0.7, ge=0, le=2, description="Sampling temperature of a vote (votes should differ)."
     )
     max_chars: int = Field(
         4000, ge=200, description="Each prompt section (request, reply, next state) is cut to this."
+    )
+    hints: bool = Field(
+        True,
+        description="Ask each vote for a directive hint too (what the reply should have done "
+        "differently, when the next state shows it); the longest among the votes is kept.",
+    )
+    output: Literal["text", "json"] = Field(
+        "text",
+        description="'text': a verdict word, then the hint between [HINT] and [/HINT]. "
+        "'json': structured output (response_format json_schema) with 'verdict' and 'hint', "
+        "which keeps a small judge model's votes parseable.",
+    )
+    json_schema: dict[str, Any] | None = Field(
+        None,
+        description="With output = 'json': the JSON schema of one vote (an object with "
+        "'verdict' and optionally 'hint'); unset = the built-in schema.",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="The judge's instructions; unset = the built-in prompt for the chosen "
+        "output (it must ask for the verdict, and the hint, in that form).",
     )
 
 
@@ -192,6 +242,14 @@ class JudgeConfig(Section):
     lag_interval_s: float = Field(
         5.0, gt=0, description="How often consumer lag and pending counts are refreshed."
     )
+    directive_hint_min_chars: int = Field(
+        10,
+        ge=1,
+        description="A directive hint shorter than this is trivial and dropped ('ok', 'n/a').",
+    )
+    directive_hint_max_chars: int = Field(
+        300, ge=20, description="A longer directive hint is cut to this (at a word boundary)."
+    )
     rules: RulesJudgeConfig = Field(default_factory=RulesJudgeConfig)
     llm: LLMJudgeConfig = Field(default_factory=LLMJudgeConfig)
     judge_args: dict[str, dict[str, Any]] = Field(
@@ -219,6 +277,11 @@ class JudgeConfig(Section):
     def args_location(self, name: str) -> str:
         """Where judge `name`'s settings live, for error messages."""
         return f"prm.{name}" if name in BUILTIN_SECTIONS else f"prm.judge_args.{name}"
+
+    @property
+    def hint_chars(self) -> tuple[int, int]:
+        """(shortest non-trivial, longest kept) length of a directive hint."""
+        return self.directive_hint_min_chars, self.directive_hint_max_chars
 
     @field_validator("judges")
     @classmethod

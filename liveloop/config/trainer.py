@@ -6,6 +6,7 @@ from pydantic import Field
 
 from liveloop.config.base import Section
 from liveloop.config.gate import GateSettings
+from liveloop.config.opd import OPDSettings
 
 
 class LoraSettings(Section):
@@ -25,6 +26,16 @@ class TrainerConfig(Section):
     """Decoupled PPO hyper-parameters and checkpoint publishing."""
 
     device: str = Field("cpu", description="Torch device for training.")
+    objective: Literal["rl", "opd", "combine"] = Field(
+        "rl",
+        description=(
+            "What each token's advantage is. 'rl': the judged score (against a baseline). "
+            "'opd': hindsight-guided on-policy distillation, log pi_teacher(token | prompt + "
+            "the judge's directive hint) - log pi_proximal(token | prompt); only turns with a "
+            "hint are trained. 'combine': both, weighted (trainer.opd); turns without a hint "
+            "contribute through 'rl' only."
+        ),
+    )
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
@@ -93,3 +104,4 @@ class TrainerConfig(Section):
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
+    opd: OPDSettings = Field(default_factory=OPDSettings)

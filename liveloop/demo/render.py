@@ -12,14 +12,25 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def plot(scores: list[float], times: list[float], summary: dict[str, Any], path: Path) -> None:
-    """Reward, words and topic rate per version, and reward over time, as a PNG."""
+def plot(
+    scores: list[float],
+    times: list[float],
+    summary: dict[str, Any],
+    path: Path,
+    curves: dict[str, list[float]] | None = None,
+) -> None:
+    """Reward, words and topic rate per version, and reward over time, as a PNG.
+
+    With several objectives (`curves`: judged scores per objective) a third panel shows
+    each one's moving reward over judged turns.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    several = curves is not None and len(curves) > 1
+    fig, axes = plt.subplots(1, 3 if several else 2, figsize=(18 if several else 12, 4.5))
     rows = summary["per_version"]
     versions = [int(v) for v in rows]
     ax = axes[0]
@@ -45,9 +56,26 @@ def plot(scores: list[float], times: list[float], summary: dict[str, Any], path:
     axes[1].set_ylim(-1.05, 1.05)
     axes[1].set_title("over time")
     axes[1].legend(loc="lower right")
+    if several and curves is not None:
+        _plot_objectives(axes[2], curves, summary)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_objectives(ax: Any, curves: dict[str, list[float]], summary: dict[str, Any]) -> None:
+    """Moving reward over judged turns, one line per objective."""
+    from liveloop.demo.curves import moving_mean
+
+    k = max(1, summary["window_turns"] // 2)
+    for name, scores in curves.items():
+        ax.plot(range(1, len(scores) + 1), moving_mean(scores, k), label=name)
+    if summary.get("threshold") is not None:
+        ax.axhline(summary["threshold"], color="grey", linestyle=":", label="threshold")
+    ax.set_xlabel("judged turns")
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_title(f"reward by objective, moving mean of {k}")
+    ax.legend(loc="lower right")
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -162,8 +190,61 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 f"| {_num(row.get('mean_words'), 1)} |"
             )
         lines += _examples(evals)
+    lines += _objectives(summary) + _hints(summary)
     platform = summary.get("platform") or {}
     if rejected:
         lines += ["", "## Versions the promotion gate refused", ""]
         lines += [f"- v{v}: {(platform.get(str(v)) or {}).get('reason')}" for v in rejected]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str | None) -> str:
+    return (text or "(empty)").replace("|", "\\|").replace("\n", " ")[:200]
+
+
+def _objectives(summary: dict[str, Any]) -> list[str]:
+    """The objectives side by side, when several were run."""
+    runs = summary.get("objectives") or {}
+    if len(runs) < 2:
+        return []
+    lines = ["", "## Objectives compared (same users, one run each)", "",
+             "| objective | judged | first window | last window | turns to "
+             f"{_fmt(summary.get('threshold'))} | hint share | held-out reward (final) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, row in runs.items():
+        lines.append(
+            f"| {name} | {row.get('judged_turns')} | {_fmt(row.get('reward_first_window'))} "
+            f"| {_fmt(row.get('reward_last_window'))} | {row.get('turns_to_threshold') or '-'} "
+            f"| {_fmt(row.get('hint_share'), True)} | {_fmt(row.get('held_out_reward'))} |"
+        )
+    return lines
+
+
+def _hints(summary: dict[str, Any]) -> list[str]:
+    """Hint share, what distillation cost and did, and a few hints with replies."""
+    training = summary.get("training") or {}
+    lines = ["", "## Directive hints", "",
+             f"{_fmt(summary.get('hint_share'), True)} of judged turns carried a directive "
+             f"hint (objective: {summary.get('objective', '?')})."]  # fmt: skip
+    if training.get("updates_with_opd"):
+        lines.append(
+            f"{training['updates_with_opd']} of {training['updates']} updates distilled from a "
+            f"teacher: teacher time {_num(training.get('opd_seconds'))} s per update (of "
+            f"{_num(training.get('seconds'))} s), mean absolute log-prob gap between student and teacher on the "
+            f"taught tokens {_num(training.get('opd_gap_before'), 3)} before an update, "
+            f"{_num(training.get('opd_gap_after'), 3)} after it."
+        )
+    if training.get("opd_skipped"):
+        skipped = ", ".join(f"{k} {v:.0f}" for k, v in training["opd_skipped"].items())
+        lines.append(f"Hinted turns trained without a teacher signal: {skipped}.")
+    examples = summary.get("hint_examples") or []
+    if examples:
+        lines += ["", "| hint | question | reply before | reply of the final version |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for e in examples:
+            lines.append(
+                f"| {_cell(e['hint'])} | {_cell(e['question'])} "
+                f"| v{e['version_before']}: {_cell(e['before'])} "
+                f"| v{e['version_after']}: {_cell(e['after'])} |"
+            )
+    return lines

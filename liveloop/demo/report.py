@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from liveloop import bus
-from liveloop.contracts import ScoredTurn
+from liveloop.contracts import ScoredTurn, WeightsAnnouncement
+from liveloop.demo.curves import turns_to_threshold, window_means
 from liveloop.demo.measures import reply_quality
 from liveloop.demo.render import plot, render_markdown
 from liveloop.registry import Registry, RegistryError
@@ -41,6 +42,9 @@ class JudgedTurn:
     turn_type: str
     question: str = ""
     reply: str = ""
+    hint: str | None = None  # the judge's directive hint, if any
+    messages: list[dict[str, Any]] | None = None  # the request (kept for hinted turns only)
+    tools: list[dict[str, Any]] | None = None
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -64,6 +68,7 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
             last = batch[-1][0]
             for turn in bus.decode_entries(batch, ScoredTurn):
                 content = turn.response.get("content") or ""
+                hint = turn.directive_hint
                 out.append(
                     JudgedTurn(
                         score=turn.score,
@@ -74,6 +79,9 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
                         turn_type=turn.turn_type,
                         question=_last_user_text(turn.messages),
                         reply=str(content),
+                        hint=hint,
+                        messages=turn.messages if hint else None,
+                        tools=turn.tools if hint else None,
                     )
                 )
     finally:
@@ -81,12 +89,24 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
     return [t for t in out if t.turn_type == "main"]
 
 
+def read_update_metrics(redis_url: str) -> list[dict[str, float]]:
+    """Every update's statistics, as announced on `liveloop:weights` (pruned versions too)."""
+    client = bus.redis_client_sync(redis_url)
+    try:
+        entries: Any = client.xrange(bus.stream_key(bus.WEIGHTS))
+    finally:
+        client.close()
+    return [a.metrics for a in bus.decode_entries(entries, WeightsAnnouncement)]
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarise(turns: list[JudgedTurn], window: int) -> dict[str, Any]:
-    """Reward and reply quality per version, first/last window, and the curve over time."""
+def summarise(
+    turns: list[JudgedTurn], window: int, threshold: float | None = None
+) -> dict[str, Any]:
+    """Reward and reply quality per version, first/last window, and the curve over turns."""
     by_version: dict[int, list[JudgedTurn]] = defaultdict(list)
     for t in turns:
         by_version[t.version].append(t)
@@ -111,7 +131,14 @@ def summarise(turns: list[JudgedTurn], window: int) -> dict[str, Any]:
         "policy_versions": len(by_version),
         "final_version": max(by_version) if by_version else 0,
         "per_version": per_version,
+        "hint_share": _mean([float(t.hint is not None) for t in turns]),
+        "reward_per_window": window_means([t.score for t in turns], window),
     }
+    if threshold is not None:
+        summary["threshold"] = threshold
+        summary["turns_to_threshold"] = turns_to_threshold(
+            [t.score for t in turns], threshold, window
+        )
     if summary["reward_first_window"] is not None and summary["reward_last_window"] is not None:
         summary["improvement"] = summary["reward_last_window"] - summary["reward_first_window"]
     return summary
@@ -141,6 +168,29 @@ def add_registry_quality(summary: dict[str, Any], db_url: str) -> None:
     summary["rejected_versions"] = sorted(
         int(v) for v, entry in platform.items() if entry.get("status") == "rejected"
     )
+
+
+TRAINING_MEANS = ("seconds", "hint_share", "opd_samples", "opd_advantage", "opd_seconds")
+
+
+def training_figures(per_update: list[dict[str, float]]) -> dict[str, Any]:
+    """What the updates did on average: update time, hint share, the OPD teacher's cost and
+    the teacher-student gap before and after (over updates that taught something)."""
+    updates = [m for m in per_update if "seconds" in m]
+    out: dict[str, Any] = {"updates": len(updates)}
+    for key in TRAINING_MEANS:
+        out[key] = _mean([m[key] for m in updates if key in m])
+    taught = [m for m in updates if m.get("opd_samples")]
+    out["updates_with_opd"] = len(taught)
+    out["opd_gap_before"] = _mean([m["opd_gap_before"] for m in taught if "opd_gap_before" in m])
+    out["opd_gap_after"] = _mean([m["opd_gap_after"] for m in taught if "opd_gap_after" in m])
+    skipped: dict[str, float] = defaultdict(float)
+    for m in updates:
+        for key, value in m.items():
+            if key.startswith("opd_skipped_"):
+                skipped[key.removeprefix("opd_skipped_")] += value
+    out["opd_skipped"] = dict(skipped)
+    return out
 
 
 def headline(summary: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +229,10 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_report(
-    out_dir: Path, summary: dict[str, Any], turns: list[JudgedTurn]
+    out_dir: Path,
+    summary: dict[str, Any],
+    turns: list[JudgedTurn],
+    curves: dict[str, list[float]] | None = None,
 ) -> dict[str, Path]:
     """Write report.json, report.md and reward.png; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +244,6 @@ def write_report(
     summary["headline"] = headline(summary)
     paths["json"].write_text(json.dumps(summary, indent=2))
     times = [t.judged_at for t in turns]
-    plot([t.score for t in turns], times, summary, paths["png"])
+    plot([t.score for t in turns], times, summary, paths["png"], curves)
     paths["md"].write_text(render_markdown(summary))
     return paths

@@ -3,18 +3,23 @@
 The demo starts the four loops on embedded defaults in a fresh run directory, lets a
 population of simulated users talk to the server for `--minutes`, then freezes training,
 evaluates version 0 and the final version on the same held-out users (not recorded), and
-writes the report. `eval` does the held-out evaluation for one version on its own.
+writes the report. With several training objectives (`--objective rl,combine`) it does
+that once per objective, with the same users, and the report compares them.
+`run_objective` is also what `bench/learning.py` runs. `eval` does the held-out evaluation
+for one version on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import secrets
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +28,20 @@ import httpx
 from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
+from liveloop.demo.examples import hint_examples
 from liveloop.demo.measures import reply_quality
+from liveloop.demo.pacing import Pacer
 from liveloop.demo.preferences import make_population
-from liveloop.demo.report import add_registry_quality, read_judged, summarise, write_report
+from liveloop.demo.report import (
+    JudgedTurn,
+    add_registry_quality,
+    headline,
+    read_judged,
+    read_update_metrics,
+    summarise,
+    training_figures,
+    write_report,
+)
 from liveloop.demo.users import UserRun, UserStats, run_population
 from liveloop.supervisor import Supervisor
 from liveloop.valkey import free_port
@@ -129,28 +145,91 @@ def _latest_checkpoint(redis_url: str) -> tuple[int, str] | None:
     return (latest.version, latest.path) if latest is not None else None
 
 
+@dataclass
+class ObjectiveRun:
+    """One run of the loops under one training objective: its report summary and turns."""
+
+    objective: str
+    summary: dict[str, Any]
+    turns: list[JudgedTurn]
+    started_at: float  # wall-clock time the simulated users started
+
+
 def run_demo(
     settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
 ) -> None:
-    """The whole demo; prints where the report landed."""
+    """The whole demo, one run per objective; prints where the report landed."""
+    out_dir = settings.data_dir / "demo"
+    runs = []
+    for i, objective in enumerate(dict.fromkeys(settings.demo.objectives)):
+        run_dir = out_dir / ("run" if i == 0 else f"run-{objective}")
+        runs.append(
+            run_objective(settings, objective, run_dir, config_file=config_file, quiet=quiet)
+        )
+    summary = runs[0].summary
+    summary["objectives"] = {r.objective: objective_figures(r.summary) for r in runs}
+    curves = {r.objective: [t.score for t in r.turns] for r in runs}
+    paths = write_report(out_dir, summary, runs[0].turns, curves)
+    print(f"demo report: {paths['md']}\n             {paths['json']}\n             {paths['png']}")
+    for run in runs:
+        s = run.summary
+        print(
+            f"{run.objective}: reward first window {s['reward_first_window']}, last window "
+            f"{s['reward_last_window']}; hint share {s.get('hint_share')}; quality: "
+            f"{headline(s)['quality_kept']}"
+        )
+
+
+def objective_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures that compare objectives: reward over turns, threshold, held-out, OPD."""
+    evals = summary.get("eval") or {}
+    final = next((row for name, row in evals.items() if "final" in name), None) or {}
+    keys = ("judged_turns", "reward_first_window", "reward_last_window", "improvement",
+            "reward_per_window", "threshold", "turns_to_threshold", "hint_share",
+            "policy_versions", "training", "wall_seconds", "minutes_to_threshold")  # fmt: skip
+    out = {k: summary.get(k) for k in keys}
+    out["held_out_reward"] = final.get("mean_reward")
+    out["held_out_quality"] = {
+        k: final.get(k)
+        for k in ("topic_rate", "symbol_share", "non_answer_share", "mean_words", "distinct_2")
+    }
+    return out
+
+
+def run_objective(
+    settings: LiveLoopSettings,
+    objective: str,
+    run_dir: Path,
+    *,
+    config_file: Path | None = None,
+    quiet: bool = False,
+    extra_env: dict[str, str] | None = None,
+    max_judged_turns: int | None = None,
+    turns_per_update: int | None = None,
+) -> ObjectiveRun:
+    """The loops under one objective with simulated users, then the held-out comparison.
+
+    Users talk for `demo.minutes`, or until `max_judged_turns` turns were judged. With
+    `turns_per_update` they wait before each request while the judged turns outnumber the
+    published versions by that many per version (see `Pacer`).
+    """
     from liveloop.models import resolve_model_dir
     from liveloop.status import LiveView
 
-    out_dir = settings.data_dir / "demo"
-    run_dir = out_dir / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     child = settings.model_copy(update={"data_dir": run_dir, "db_url": None})
     base_model_dir = str(resolve_model_dir(settings.model))  # fetch/convert once, up front
     admin_key = secrets.token_urlsafe(16)
-    supervisor = Supervisor(
-        child, config_file=config_file, extra_env=_child_env(settings, admin_key)
-    )
+    env = _child_env(settings, admin_key)
+    env.update(extra_env or {})
+    env["LIVELOOP_TRAINER__OBJECTIVE"] = objective
+    supervisor = Supervisor(child, config_file=config_file, extra_env=env)
     defaults = model_defaults(settings.model)
     seconds = settings.demo.minutes * 60
     supervisor.start()
     try:
         wait_ready(supervisor.base_url, supervisor)
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         run = UserRun(
             base_url=supervisor.base_url, model=settings.model, max_tokens=defaults.reply_tokens
         )
@@ -160,36 +239,74 @@ def run_demo(
             defaults.word_limits,
             strict=defaults.has_language,
         )
-        with LiveView(supervisor, quiet=quiet, title="LiveLoop demo") as view:
-            stats = _drive(run, people, seconds, settings.demo.seed, supervisor, view)
+        title = f"LiveLoop demo ({objective})"
+        with LiveView(supervisor, quiet=quiet, title=title) as view:
+            stats = _drive(
+                run,
+                people,
+                seconds,
+                settings.demo.seed,
+                supervisor,
+                view,
+                max_judged_turns,
+                turns_per_update,
+            )
         log.info(
             "population done after %.0fs: %d answers", time.monotonic() - started, len(stats.turns)
         )
         time.sleep(3.0)  # let the judge score the last replies
         turns = read_judged(supervisor.redis_url)
-        summary = summarise(turns, settings.demo.window_turns)
+        if max_judged_turns is not None:
+            turns = turns[:max_judged_turns]
+        summary = summarise(turns, settings.demo.window_turns, settings.demo.reward_threshold)
         summary.update(
-            model=settings.model, minutes=settings.demo.minutes, user_errors=stats.errors
+            model=settings.model,
+            objective=objective,
+            minutes=settings.demo.minutes,
+            user_errors=stats.errors,
+            wall_seconds=time.time() - started_at,
         )
-        summary["eval"] = _compare_versions(supervisor, admin_key, base_model_dir, settings)
+        _add_wall_clock(summary, turns, started_at)
+        summary["eval"], summary["hint_examples"] = _compare_versions(
+            supervisor, admin_key, base_model_dir, settings, turns
+        )
+        summary["training"] = training_figures(read_update_metrics(supervisor.redis_url))
         add_registry_quality(summary, child.effective_db_url)
-        paths = write_report(out_dir, summary, turns)
     finally:
         supervisor.stop()
-    print(f"demo report: {paths['md']}\n             {paths['json']}\n             {paths['png']}")
-    print(
-        f"reward: first window {summary['reward_first_window']}, last window "
-        f"{summary['reward_last_window']}; quality: {summary['headline']['quality_kept']}"
+    return ObjectiveRun(objective, summary, turns, started_at)
+
+
+def _add_wall_clock(summary: dict[str, Any], turns: list[JudgedTurn], started_at: float) -> None:
+    """Minutes from the users' start until the turn that reached the threshold."""
+    reached = summary.get("turns_to_threshold")
+    summary["minutes_to_threshold"] = (
+        (turns[reached - 1].judged_at - started_at) / 60 if reached else None
     )
 
 
 def _drive(
-    run: UserRun, people: list[Any], seconds: float, seed: int, supervisor: Supervisor, view: Any
+    run: UserRun,
+    people: list[Any],
+    seconds: float,
+    seed: int,
+    supervisor: Supervisor,
+    view: Any,
+    max_judged_turns: int | None = None,
+    turns_per_update: int | None = None,
 ) -> UserStats:
     """Run the population while keeping the loops up and the live view fresh."""
+    counter = bus.redis_client_sync(supervisor.redis_url)
+    scored = bus.stream_key(bus.SCORED)
+    pacer = Pacer(counter, turns_per_update) if turns_per_update else None
+    if pacer is not None:
+        run = dataclasses.replace(run, pace=pacer.wait)
 
     async def main() -> UserStats:
-        task = asyncio.create_task(run_population(run, people, seconds=seconds, seed=seed))
+        stats = UserStats()
+        task = asyncio.create_task(
+            run_population(run, people, seconds=seconds, seed=seed, stats=stats)
+        )
         t0 = time.monotonic()
         while not task.done():
             for event in supervisor.check():
@@ -198,10 +315,17 @@ def _drive(
                 f"{time.monotonic() - t0:.0f}s of {seconds:.0f}s, {len(people)} users"
             )
             view.refresh()
+            if max_judged_turns is not None and int(counter.xlen(scored)) >= max_judged_turns:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return stats
             await asyncio.sleep(1.0)
         return task.result()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        counter.close()
 
 
 def _compare_versions(
@@ -209,18 +333,26 @@ def _compare_versions(
     admin_key: str,
     base_dir: str,
     settings: LiveLoopSettings,
-) -> dict[str, Any]:
-    """Freeze training, then held-out users on version 0 and on the final version."""
+    turns: list[JudgedTurn],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Freeze training, then held-out users on version 0 and on the final version.
+
+    With the final version loaded, a few hinted turns are asked again (not recorded), to
+    show each hint with the reply that earned it and the final version's reply.
+    """
     supervisor.stop_loops(("judge", "collect", "train"))  # no announcement may follow a rollback
     latest = _latest_checkpoint(supervisor.redis_url)
     result: dict[str, Any] = {}
     candidates = [("version 0", 0, base_dir)]
     if latest is not None:
         candidates.append((f"version {latest[0]} (final)", latest[0], latest[1]))
+    examples: list[dict[str, Any]] = []
     for label, version, path in candidates:
         load_version(supervisor.base_url, admin_key, path, version)
         result[label] = evaluate(supervisor.base_url, settings.model, settings.demo.seed)
-    return result
+        if version == candidates[-1][1]:
+            examples = hint_examples(supervisor.base_url, settings.model, turns, version)
+    return result, examples
 
 
 def run_eval(settings: LiveLoopSettings, *, version: int | None) -> None:

@@ -14,6 +14,7 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,7 @@ class UserRun:
     turns_per_session: int = 3
     record: bool = True
     temperature: float = 1.0
+    pace: Callable[[], Awaitable[None]] | None = None  # awaited before every request
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -143,6 +145,8 @@ class SimulatedUser:
                 return
             if max_turns is not None and self._answered(stats) >= max_turns:
                 return
+            if self.run.pace is not None:
+                await self.run.pace()
             completion, version = await self._ask(session, messages, question.wants_tool)
             message = completion.choices[0].message
             messages.append(_assistant_message(message))
@@ -206,9 +210,13 @@ async def run_population(
     seconds: float,
     seed: int,
     max_turns_per_user: int | None = None,
+    stats: UserStats | None = None,
 ) -> UserStats:
-    """All users concurrently for `seconds` (or until each has `max_turns_per_user`)."""
-    stats = UserStats()
+    """All users concurrently for `seconds` (or until each has `max_turns_per_user`).
+
+    `stats` collects what they saw as it happens (pass one in to keep it if cancelled).
+    """
+    stats = stats if stats is not None else UserStats()
     deadline = time.monotonic() + seconds
     users = [SimulatedUser(i, p, run, seed) for i, p in enumerate(preferences)]
     await asyncio.gather(*(u.live(stats, deadline, max_turns_per_user) for u in users))

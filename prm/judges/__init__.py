@@ -13,6 +13,8 @@ from liveloop.prm.judges.base import (
     JudgeResult,
     NextState,
     TurnHead,
+    clean_hint,
+    longest_hint,
     message_text,
     validate_result,
 )
@@ -35,9 +37,11 @@ __all__ = [
     "NextState",
     "TurnHead",
     "available_judges",
+    "clean_hint",
     "judge_context",
     "load_judge",
     "load_judges",
+    "longest_hint",
     "message_text",
     "validate_result",
 ]

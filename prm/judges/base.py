@@ -33,6 +33,9 @@ class JudgeError(RuntimeError):
     """A judge failed on one turn (raised, timed out or returned an invalid result)."""
 
 
+HINT_CHARS = (10, 300)  # the defaults of prm.directive_hint_min_chars / _max_chars
+
+
 @dataclass(frozen=True)
 class JudgeContext:
     """What a judge factory receives: its own settings and the few shared values a judge needs.
@@ -47,6 +50,7 @@ class JudgeContext:
     model: str = ""
     server_url: str = ""
     data_dir: Path = Path(".liveloop")
+    hint_chars: tuple[int, int] = HINT_CHARS  # (shortest non-trivial, longest kept) hint
 
     def settings_as(self, model: type[S]) -> S:
         """The judge's settings as `model` (its defaults when none were configured)."""
@@ -148,12 +152,16 @@ class JudgeResult:
 
     `decisive` results replace the weighted combination of the other judges (explicit
     feedback wins over inferred signals); `votes` are the individual votes of a voting judge.
+    `hint` explains the score; `directive_hint` is a short instruction saying what the reply
+    should have done differently, when the next state reveals it ("Answer in one sentence."):
+    the trainer's on-policy distillation puts it in front of a teacher.
     """
 
     score: float
     step_scores: list[float] | None = None
     hint: str | None = None
     votes: list[float] | None = None
+    directive_hint: str | None = None
     decisive: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -220,9 +228,33 @@ def validate_result(judge_name: str, result: object) -> JudgeResult | None:
         if values is not None:
             checked = [_finite_in_range(v, f"{attr} of judge {judge_name!r}") for v in values]
             setattr(result, attr, checked)
-    if result.hint is not None and not isinstance(result.hint, str):
-        raise JudgeError(f"hint of judge {judge_name!r} is not a string")
+    for attr in ("hint", "directive_hint"):
+        if getattr(result, attr) is not None and not isinstance(getattr(result, attr), str):
+            raise JudgeError(f"{attr} of judge {judge_name!r} is not a string")
     return result
+
+
+def clean_hint(text: str | None, min_chars: int, max_chars: int) -> str | None:
+    """A directive hint with whitespace collapsed, or None when it is trivial.
+
+    Shorter than `min_chars` ("ok", "n/a") is no hint; longer than `max_chars` is cut at a
+    word boundary.
+    """
+    if not text:
+        return None
+    cleaned = " ".join(text.split())
+    if len(cleaned) < min_chars:
+        return None
+    if len(cleaned) > max_chars:
+        cut = cleaned[:max_chars].rsplit(" ", 1)[0]
+        cleaned = cut if len(cut) >= min_chars else cleaned[:max_chars]
+    return cleaned
+
+
+def longest_hint(hints: list[str | None], min_chars: int, max_chars: int) -> str | None:
+    """The longest non-trivial hint (the first of equal length), or None."""
+    kept = [h for h in (clean_hint(t, min_chars, max_chars) for t in hints) if h]
+    return max(kept, key=len) if kept else None
 
 
 def message_text(message: dict[str, Any]) -> str:

@@ -5,6 +5,11 @@ requests carry `X-LiveLoop-Train: false` so they are never recorded as training 
 Each of the m votes is a separate chat request; a vote that is malformed, errors or times
 out is discarded, the majority of the valid votes wins and a tie gives 0. With no valid
 vote the judge fails (and the turn is retried by the judging loop).
+
+Each vote may also carry a directive hint: where the next state shows how the reply should
+have been different, a short instruction between `[HINT]` and `[/HINT]` (or the `hint` of a
+structured vote, `output = "json"`). Of the votes that found one, the longest non-trivial
+hint is kept as the turn's `directive_hint`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from liveloop.prm.judges.base import (
     JudgeError,
     JudgeRequest,
     JudgeResult,
+    longest_hint,
     message_text,
 )
 
@@ -37,6 +43,20 @@ SYSTEM_PROMPT = (
     "explicit feedback, or nothing. Judge whether the reply helped the user. Answer with a "
     "single word on the first line: GOOD, BAD or NEUTRAL."
 )
+HINT_PROMPT = (
+    " Then, only if what happened next shows how the reply should have been different, "
+    "write that as one short instruction to the assistant between [HINT] and [/HINT], for "
+    "example: [HINT]Answer in two sentences at most.[/HINT]"
+)
+JSON_PROMPT = (
+    "You review one reply of an AI assistant. You see the conversation so far, the "
+    "assistant's reply, and what happened next: the user's next message, tool results, "
+    "explicit feedback, or nothing. Judge whether the reply helped the user. Answer with a "
+    'JSON object: {"verdict": "GOOD", "BAD" or "NEUTRAL", "hint": "..."}, where the hint is '
+    "one short instruction to the assistant saying how the reply should have been different, "
+    "if what happened next shows it, and an empty string otherwise."
+)
+HINT_BLOCK = re.compile(r"\[HINT\](.*?)(?:\[/HINT\]|$)", re.IGNORECASE | re.DOTALL)
 
 _LABELLED = re.compile(r"(?:verdict|answer|rating)\W{0,3}(good|bad|neutral)\b", re.IGNORECASE)
 _WORD = re.compile(r"\b(good|bad|neutral)\b", re.IGNORECASE)
@@ -86,6 +106,42 @@ def parse_vote(text: str | None) -> float | None:
     return None
 
 
+def parse_hint(text: str | None) -> tuple[str, str | None]:
+    """(the reply without its hint block, the hint or None) of one judge reply.
+
+    The hint is the text of a `[HINT]...[/HINT]` block (an unclosed block runs to the end),
+    or the string `hint` of a JSON reply. The block is removed so that words in the hint
+    ("a good answer names...") are not read as the verdict.
+    """
+    if not text:
+        return "", None
+    found = HINT_BLOCK.search(text)
+    if found:
+        return text[: found.start()] + text[found.end() :], found.group(1).strip() or None
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        try:
+            obj = json.loads(text[start : end + 1])
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("hint"), str):
+            return text, obj["hint"].strip() or None
+    return text, None
+
+
+def vote_schema(max_hint_chars: int) -> dict[str, Any]:
+    """The built-in JSON schema of one structured vote."""
+    return {
+        "type": "object",
+        "properties": {
+            "verdict": {"type": "string", "enum": ["GOOD", "BAD", "NEUTRAL"]},
+            "hint": {"type": "string", "maxLength": max_hint_chars},
+        },
+        "required": ["verdict", "hint"],
+        "additionalProperties": False,
+    }
+
+
 def vote_class(vote: float) -> int:
     """The side a vote is on: -1, 0 or 1 (votes within 1/3 of zero are neutral)."""
     if vote > 1 / 3:
@@ -122,7 +178,18 @@ def render_messages(messages: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def build_prompt(request: JudgeRequest, max_chars: int) -> list[dict[str, str]]:
+def system_prompt(config: LLMJudgeConfig) -> str:
+    """The judge's instructions: the operator's, or the built-in ones for the output form."""
+    if config.system_prompt:
+        return config.system_prompt
+    if config.output == "json":
+        return JSON_PROMPT
+    return SYSTEM_PROMPT + (HINT_PROMPT if config.hints else "")
+
+
+def build_prompt(
+    request: JudgeRequest, max_chars: int, system: str = SYSTEM_PROMPT
+) -> list[dict[str, str]]:
     """The judge conversation: the user's request, the response and the next state."""
     state = request.next_state
     if state.feedback is not None:
@@ -138,7 +205,7 @@ def build_prompt(request: JudgeRequest, max_chars: int) -> list[dict[str, str]]:
         f"## What happened next\n{_cut(nxt, max_chars)}\n\n"
         "Verdict (GOOD, BAD or NEUTRAL):"
     )
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": body}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": body}]
 
 
 class LLMJudge(JudgeBase):
@@ -153,6 +220,15 @@ class LLMJudge(JudgeBase):
         self.config = context.settings_as(LLMJudgeConfig)
         self.model = self.config.model or context.model
         self.base_url = self.config.base_url or context.server_url
+        self.hint_chars = context.hint_chars
+        self.system = system_prompt(self.config)
+        self.extra_body: dict[str, Any] = {}
+        if self.config.output == "json":
+            schema = self.config.json_schema or vote_schema(self.hint_chars[1])
+            self.extra_body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "vote", "schema": schema},
+            }
         self._limit = asyncio.Semaphore(self.config.concurrency)
         self.client: AsyncOpenAI = AsyncOpenAI(
             base_url=self.base_url,
@@ -163,23 +239,29 @@ class LLMJudge(JudgeBase):
         )
 
     async def score(self, request: JudgeRequest) -> JudgeResult | None:
-        """Ask for `votes` verdicts concurrently and take the majority."""
-        prompt = build_prompt(request, self.config.max_chars)
+        """Ask for `votes` verdicts concurrently; the majority, and the longest hint."""
+        prompt = build_prompt(request, self.config.max_chars, self.system)
         outcomes = await asyncio.gather(*(self._vote(prompt, i) for i in range(self.config.votes)))
-        votes = [v for v in outcomes if isinstance(v, float)]
-        if not votes:
+        valid = [o for o in outcomes if isinstance(o, tuple)]
+        if not valid:
             reasons = "; ".join(sorted({str(o) for o in outcomes}))
             raise JudgeError(f"no valid vote from {self.base_url} ({reasons})")
+        votes = [vote for vote, _ in valid]
+        hints = [hint for _, hint in valid]
         score, disagreement = majority(votes)
+        directive = longest_hint(hints, *self.hint_chars) if self.config.hints else None
         return JudgeResult(
             score=score,
             votes=votes,
             hint=f"{len(votes)}/{self.config.votes} valid votes",
-            extra={"disagreement": disagreement},
+            directive_hint=directive,
+            extra={"disagreement": disagreement, "vote_hints": hints},
         )
 
-    async def _vote(self, prompt: list[dict[str, str]], index: int) -> float | str:
-        """One vote, or a short reason why it was discarded."""
+    async def _vote(
+        self, prompt: list[dict[str, str]], index: int
+    ) -> tuple[float, str | None] | str:
+        """(vote, hint) of one vote, or a short reason why it was discarded."""
         try:
             async with self._limit, asyncio.timeout(self.config.timeout_s):
                 reply = await self.client.chat.completions.create(
@@ -188,14 +270,16 @@ class LLMJudge(JudgeBase):
                     max_tokens=self.config.max_tokens,
                     temperature=self.config.temperature,
                     seed=index,
+                    extra_body=self.extra_body or None,
                 )
         except TimeoutError:
             return "timeout"
         except Exception as exc:  # any transport or API error discards this vote
             return f"{type(exc).__name__}: {str(exc)[:200]}"
         text = reply.choices[0].message.content if reply.choices else None
-        vote = parse_vote(text)
-        return "malformed vote" if vote is None else vote
+        rest, hint = parse_hint(text)
+        vote = parse_vote(rest)
+        return "malformed vote" if vote is None else (vote, hint)
 
     async def aclose(self) -> None:
         """Close the HTTP client."""

@@ -79,6 +79,7 @@ def judge_context(
         model=shared.model,
         server_url=server_url(shared),
         data_dir=shared.data_dir,
+        hint_chars=judging.hint_chars,
     )
 
 

@@ -6,6 +6,10 @@ scores `approval_score`, anything else `neutral_score`; a tool result that shows
 (traceback, non-zero exit code, "error:") scores `tool_error_score`, else `tool_ok_score`.
 The turn's score is the mean of its step scores. Explicit feedback gives its own score, and
 a turn with no next state gets `timeout_score` (or no opinion when that is unset).
+
+The directive hint is what the user said the reply should have been: the sentences of their
+reply that match a directive pattern ("Shorter, please: 20 words at most." out of "Shorter,
+please: 20 words at most. Tell me about bees."), or the comment of explicit feedback.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ from typing import Any
 
 from liveloop.config.prm import RulesJudgeConfig
 from liveloop.prm.judges.base import (
+    HINT_CHARS,
     JudgeBase,
     JudgeContext,
     JudgeRequest,
     JudgeResult,
+    clean_hint,
     message_text,
 )
 
 TOOL_ROLES = frozenset({"tool", "function", "ipython"})
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def _compile(patterns: list[str]) -> re.Pattern[str] | None:
@@ -41,15 +48,21 @@ class RulesJudge(JudgeBase):
     def __init__(self, context: JudgeContext | None = None) -> None:
         config = context.settings_as(RulesJudgeConfig) if context else RulesJudgeConfig()
         self.config = config
+        self._hint_chars = context.hint_chars if context is not None else HINT_CHARS
         self._correction = _compile(config.correction_patterns)
         self._approval = _compile(config.approval_patterns)
         self._tool_error = _compile(config.tool_error_patterns)
+        self._directive = _compile(config.directive_patterns)
 
     async def score(self, request: JudgeRequest) -> JudgeResult | None:
         """Score from feedback, else from the next messages, else the timeout score."""
         state = request.next_state
         if state.feedback is not None:
-            return JudgeResult(score=state.feedback.score, hint="explicit feedback")
+            return JudgeResult(
+                score=state.feedback.score,
+                hint="explicit feedback",
+                directive_hint=clean_hint(state.feedback.comment, *self._hint_chars),
+            )
         if state.messages is None:
             if self.config.timeout_score is None:
                 return None
@@ -70,7 +83,25 @@ class RulesJudge(JudgeBase):
         if not steps:
             return JudgeResult(score=self.config.neutral_score, hint="no user reply or tool result")
         mean = max(-1.0, min(1.0, sum(steps) / len(steps)))
-        return JudgeResult(score=mean, step_scores=steps, hint="; ".join(hints) or None)
+        return JudgeResult(
+            score=mean,
+            step_scores=steps,
+            hint="; ".join(hints) or None,
+            directive_hint=self.directive_hint(messages),
+        )
+
+    def directive_hint(self, messages: list[dict[str, Any]]) -> str | None:
+        """The sentences of the user's replies that say how the reply should have been."""
+        if self._directive is None:
+            return None
+        said = [
+            sentence
+            for message in messages
+            if message.get("role") == "user"
+            for sentence in SENTENCE_END.split(message_text(message).strip())
+            if self._directive.search(sentence)
+        ]
+        return clean_hint(" ".join(said), *self._hint_chars)
 
     def _score_message(self, message: dict[str, Any]) -> tuple[float | None, str | None]:
         role = message.get("role")

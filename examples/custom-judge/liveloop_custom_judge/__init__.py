@@ -2,7 +2,9 @@
 
 Replace the body of `score` with a call to your own reward model; keep the contract:
 return a `JudgeResult` with a finite score in [-1, 1] (optionally `step_scores`, `hint`,
-`votes`), or None when the judge has no opinion on a turn. Raising, or taking longer than
+`votes`, and a `directive_hint`: a short instruction saying what the reply should have done
+differently, which on-policy distillation puts in front of a teacher), or None when the
+judge has no opinion on a turn. Raising, or taking longer than
 `prm.judge_timeout_s`, fails the turn, which is retried and finally dead-lettered.
 
 The judge's settings are its own pydantic model (`settings_model`), read from
@@ -40,4 +42,8 @@ class ConciseJudge(JudgeBase):
             score = 1.0
         else:
             score = max(-1.0, 1.0 - 2.0 * (words - self.limit) / (3.0 * self.limit))
-        return JudgeResult(score=score, hint=f"{words} words (limit {self.limit})")
+        return JudgeResult(
+            score=score,
+            hint=f"{words} words (limit {self.limit})",
+            directive_hint=f"Answer in {self.limit} words at most." if score < 1.0 else None,
+        )

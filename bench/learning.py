@@ -1,0 +1,264 @@
+"""How fast the platform learns, per training objective: rl, opd and combine, end to end.
+
+Prints one JSON object. Every run is the real thing: `liveloop demo`'s machinery starts the
+four loops (server, judge, collector, trainer) on an embedded Valkey, and a population of
+simulated users talks to the server until the judge has scored `--turns` turns; then
+training stops and held-out users (a different seed, not recorded) talk to version 0 and
+to the final version. Runs differ only in `trainer.objective`; for one model and one seed
+they share the same users (population, preferences and questions), the same judged-turn
+budget and the same settings otherwise.
+
+By default the users are paced (`--pace 16`): before each request they wait while the judged
+turns number 16 x (published versions + 1) or more, so every objective gets one update per
+16 judged turns however long its updates take, and the comparison is one of learning per
+judged turn, not of trainer speed on a busy machine. `--pace 0` lets them run free.
+
+For every run: the mean judged reward per window of `--window` turns, the number of judged
+turns until the moving reward (over `--window` turns) first reaches `--threshold`, the
+held-out reward of the final version, the reply-quality measures of the learning-quality
+work (topic rate, symbol and non-answer shares, words, distinct-2 of the held-out replies;
+reference NLL and KL per version from the registry), the hint share, and what the teacher
+cost per update. Per objective: the mean and the spread (standard deviation, min, max) over
+seeds; then `combine` against `rl` in judged turns to the threshold.
+
+`--staleness` also runs `combine` with `collector.max_staleness` 0 against the default, with
+free-running users, and reports the wall-clock minutes to the threshold: the end-to-end form of the asynchronous
+speed-up that `bench/async_vs_sync.py` measures against a simulated generator.
+
+Each run takes minutes (tiny-random: 2-4; smollm2-135m: 10-20 on a small CPU), so the budget
+is a flag. Results are also written, as they come, to `--out` (default: learning.json in
+the working directory), so a long sweep can be read while it runs.
+
+    python bench/learning.py --models tiny-random --seeds 0,1,2 --turns 400
+    python bench/learning.py --models smollm2-135m --seeds 0,1,2 --turns 300 --staleness
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(ROOT)
+
+from liveloop.config import load_settings  # noqa: E402
+from liveloop.demo.run import objective_figures, run_objective  # noqa: E402
+
+# Moving reward to reach, per model: about half-way from where version 0 starts to pleasing
+# every user (tiny-random's users judge length only; smollm2's want real, on-topic answers).
+THRESHOLDS = {"tiny-random": 0.25, "smollm2-135m": 0.25}
+
+
+def free_port_block() -> int:
+    """A port P with P..P+4 free: the server serves on P, the loops' metrics on P+2..P+4."""
+
+    def bindable(port: int) -> bool:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    for _ in range(200):
+        port = random.randrange(20_000, 32_000)  # below the ephemeral range
+        if all(bindable(port + i) for i in range(5)):
+            return port
+    raise RuntimeError("no block of 5 free ports")
+
+
+def run_one(
+    model: str, objective: str, seed: int, args: argparse.Namespace, extra_env: dict[str, str]
+) -> dict[str, Any]:
+    """One end-to-end run; its figures."""
+    threshold = args.threshold if args.threshold is not None else THRESHOLDS.get(model, 0.25)
+    settings = load_settings(
+        model=model,
+        port=free_port_block(),
+        demo={
+            "minutes": args.minutes_cap,
+            "users": args.users,
+            "seed": seed,
+            "window_turns": args.window,
+            "reward_threshold": threshold,
+        },
+    )
+    with tempfile.TemporaryDirectory(prefix="liveloop-learning-") as scratch:
+        started = time.monotonic()
+        env = {
+            "LIVELOOP_TRAINER__GATE__ENABLED": "true" if args.gate == "on" else "false",
+            "LIVELOOP_TRAINER__MICRO_BATCH_TOKENS": str(args.micro_batch_tokens),
+            **extra_env,
+        }
+        run = run_objective(
+            settings,
+            objective,
+            Path(scratch) / "run",
+            quiet=True,
+            extra_env=env,
+            max_judged_turns=args.turns,
+            turns_per_update=args.pace or None,
+        )
+    figures = objective_figures(run.summary)
+    figures.update(
+        model=model,
+        objective=objective,
+        seed=seed,
+        seconds=time.monotonic() - started,
+        platform_quality=_platform_quality(run.summary),
+        extra_env=extra_env,
+        scores=[t.score for t in run.turns],  # in judged order: thresholds can be recomputed
+    )
+    return figures
+
+
+def _platform_quality(summary: dict[str, Any]) -> dict[str, Any]:
+    """Reference NLL and KL on served tokens of version 0's turns and of the last version's."""
+    platform = summary.get("platform") or {}
+    served = {int(v): e["served"] for v, e in platform.items() if e.get("served")}
+    if not served:
+        return {}
+    last = max(served)
+    keys = ("ref_nll", "kl_ref", "distinct_2", "unscored_share")
+    return {
+        "version 0": {k: (served.get(0) or {}).get(k) for k in keys},
+        f"version {last}": {k: served[last].get(k) for k in keys},
+    }
+
+
+def spread(values: list[float | None]) -> dict[str, Any]:
+    """Mean, standard deviation, min and max of the values that exist."""
+    given = [v for v in values if v is not None]
+    if not given:
+        return {"n": 0, "missing": len(values)}
+    return {
+        "n": len(given),
+        "missing": len(values) - len(given),
+        "mean": statistics.fmean(given),
+        "std": statistics.stdev(given) if len(given) > 1 else 0.0,
+        "min": min(given),
+        "max": max(given),
+    }
+
+
+def aggregate(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """Per objective: spread over seeds of each figure (unreached threshold = the budget)."""
+    out: dict[str, Any] = {}
+    for objective in dict.fromkeys(r["objective"] for r in runs):
+        mine = [r for r in runs if r["objective"] == objective]
+        reached = [r["turns_to_threshold"] for r in mine]
+        training = [r.get("training") or {} for r in mine]
+        out[objective] = {
+            "seeds": [r["seed"] for r in mine],
+            "turns_to_threshold": spread(reached),
+            "turns_to_threshold_capped": spread([t or budget for t in reached]),
+            "improvement": spread([r["improvement"] for r in mine]),
+            "reward_last_window": spread([r["reward_last_window"] for r in mine]),
+            "held_out_reward": spread([r["held_out_reward"] for r in mine]),
+            "hint_share": spread([r["hint_share"] for r in mine]),
+            "update_seconds": spread([t.get("seconds") for t in training]),
+            "opd_seconds_per_update": spread([t.get("opd_seconds") for t in training]),
+            "held_out_quality": {
+                k: spread([(r["held_out_quality"] or {}).get(k) for r in mine])
+                for k in ("topic_rate", "symbol_share", "non_answer_share", "mean_words")
+            },
+        }
+    return out
+
+
+def compare(per_objective: dict[str, Any], a: str = "combine", b: str = "rl") -> dict[str, Any]:
+    """`a` against `b` in judged turns to the threshold (unreached counted as the budget)."""
+    if a not in per_objective or b not in per_objective:
+        return {}
+    ta = per_objective[a]["turns_to_threshold_capped"]
+    tb = per_objective[b]["turns_to_threshold_capped"]
+    if not ta.get("n") or not tb.get("n"):
+        return {}
+    fewer = tb["mean"] - ta["mean"]
+    noise = max(ta["std"], tb["std"])
+    return {
+        f"{a}_fewer_turns_than_{b}": fewer,
+        "spread": noise,
+        "verdict": "met" if fewer > noise else "not met",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="tiny-random")
+    parser.add_argument("--objectives", default="rl,opd,combine")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--turns", type=int, default=400, help="judged turns per run")
+    parser.add_argument("--window", type=int, default=32, help="turns per reward window")
+    parser.add_argument("--threshold", type=float, help="moving reward to reach (per model)")
+    parser.add_argument("--users", type=int, default=8)
+    parser.add_argument("--minutes-cap", type=float, default=60.0, help="longest run")
+    parser.add_argument(
+        "--pace",
+        type=int,
+        default=16,
+        help="users wait while judged turns exceed this many per published version, so every "
+        "objective gets one update per PACE judged turns (0: free-running users)",
+    )
+    parser.add_argument("--gate", choices=("on", "off"), default="on", help="promotion gate")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=1024,
+        help="trainer micro-batch (the loss does not depend on it; peak memory does)",
+    )
+    parser.add_argument("--staleness", action="store_true", help="also max_staleness 0 vs default")
+    parser.add_argument("--staleness-model", help="model of the staleness runs (first --models)")
+    parser.add_argument("--out", type=Path, default=Path("learning.json"))
+    args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    objectives = [o for o in args.objectives.split(",") if o]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "models": {}}
+    for model in models:
+        runs: list[dict[str, Any]] = []
+        for seed in seeds:
+            for objective in objectives:
+                runs.append(run_one(model, objective, seed, args, {}))
+                per = aggregate(runs, args.turns)
+                result["models"][model] = {"runs": runs, "per_objective": per}
+                result["models"][model]["combine_vs_rl"] = compare(per)
+                args.out.write_text(json.dumps(result, indent=2))
+    if args.staleness:
+        model = args.staleness_model or models[0]
+        pairs: dict[str, list[dict[str, Any]]] = {"max_staleness 0": [], "default": []}
+        free = argparse.Namespace(**{**vars(args), "pace": 0})  # wall clock: users never wait
+        for seed in seeds:
+            for label, env in (
+                ("max_staleness 0", {"LIVELOOP_COLLECTOR__MAX_STALENESS": "0"}),
+                ("default", {}),
+            ):
+                pairs[label].append(run_one(model, "combine", seed, free, env))
+                result["staleness"] = {
+                    "model": model,
+                    **{
+                        label: {
+                            "minutes_to_threshold": spread(
+                                [r["minutes_to_threshold"] for r in done]
+                            ),
+                            "turns_to_threshold": spread([r["turns_to_threshold"] for r in done]),
+                            "runs": done,
+                        }
+                        for label, done in pairs.items()
+                    },
+                }
+                args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

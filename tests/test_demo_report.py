@@ -1,0 +1,89 @@
+"""The demo report's learning curves and its objective and hint sections, on known turns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from liveloop.demo.curves import moving_mean, turns_to_threshold, window_means
+from liveloop.demo.report import JudgedTurn, summarise, training_figures, write_report
+from liveloop.demo.run import objective_figures
+
+
+def test_curves_by_hand() -> None:
+    scores = [-1.0, -1.0, 0.0, 1.0, 1.0, 1.0, -1.0]
+    assert window_means(scores, 2) == [-1.0, 0.5, 1.0, -1.0]
+    assert window_means(scores, 4) == [-0.25, 1 / 3]
+    assert moving_mean(scores, 2) == [-1.0, -1.0, -0.5, 0.5, 1.0, 1.0, 0.0]
+    assert turns_to_threshold(scores, 0.5, 2) == 4
+    assert turns_to_threshold(scores, 1.0, 3) == 6
+    assert turns_to_threshold(scores, -1.0, 3) == 3  # only full windows count
+    assert turns_to_threshold(scores, 1.5, 2) is None
+
+
+def turns(scores: list[float], hinted_every: int = 3) -> list[JudgedTurn]:
+    out = []
+    for i, score in enumerate(scores):
+        hint = "Shorter, please: 8 words at most." if i % hinted_every == 0 else None
+        out.append(
+            JudgedTurn(
+                score=score,
+                version=i // 10,
+                tokens=16,
+                words=9,
+                judged_at=1000.0 + i,
+                turn_type="main",
+                question="Tell me about bees.",
+                reply="Bees make honey and live in hives all year.",
+                hint=hint,
+                messages=[{"role": "user", "content": "Tell me about bees."}] if hint else None,
+            )
+        )
+    return out
+
+
+def test_training_figures_average_the_updates_that_taught() -> None:
+    updates = [
+        {"seconds": 2.0, "hint_share": 0.5, "opd_samples": 4, "opd_advantage": -0.2,
+         "opd_seconds": 0.5, "opd_gap_before": 0.4, "opd_gap_after": 0.3},
+        {"seconds": 4.0, "hint_share": 0.0, "opd_samples": 0, "opd_advantage": 0.0,
+         "opd_seconds": 0.0, "opd_skipped_too_long": 2.0},
+        {},  # an announcement without statistics (a restart's re-announcement)
+    ]  # fmt: skip
+    figures = training_figures(updates)
+    assert figures["updates"] == 2 and figures["updates_with_opd"] == 1
+    assert figures["seconds"] == 3.0 and figures["opd_seconds"] == 0.25
+    assert (figures["opd_gap_before"], figures["opd_gap_after"]) == (0.4, 0.3)
+    assert figures["opd_skipped"] == {"too_long": 2.0}
+
+
+def test_report_compares_objectives_and_shows_hints(tmp_path: Path) -> None:
+    slow = [-1.0] * 40 + [0.0] * 20 + [1.0] * 20
+    fast = [-1.0] * 20 + [1.0] * 60
+    runs = {"rl": turns(slow), "combine": turns(fast)}
+    summaries = {name: summarise(ts, 16, threshold=0.5) for name, ts in runs.items()}
+    for name, summary in summaries.items():
+        summary.update(objective=name, training=training_figures([]))
+    summary = summaries["combine"]
+    summary["hint_examples"] = [
+        {"hint": "Shorter, please: 8 words at most.", "question": "Tell me about bees.",
+         "version_before": 0, "before": "A long reply " * 5, "version_after": 7,
+         "after": "Bees make honey."},
+    ]  # fmt: skip
+    summary["objectives"] = {name: objective_figures(s) for name, s in summaries.items()}
+    curves = {name: [t.score for t in ts] for name, ts in runs.items()}
+    paths = write_report(tmp_path, summary, runs["combine"], curves)
+    report = json.loads(paths["json"].read_text())
+    compared = report["objectives"]
+    # a 16-turn window averages 0.5 once it holds 12 +1s and 4 -1s (or 8 +1s and 8 0s)
+    assert compared["combine"]["turns_to_threshold"] == 32
+    assert compared["rl"]["turns_to_threshold"] == 68
+    assert compared["combine"]["hint_share"] == pytest.approx(27 / 80)
+    assert compared["rl"]["reward_per_window"] == [-1.0, -1.0, -0.5, 0.25, 1.0]
+    markdown = paths["md"].read_text()
+    assert "## Objectives compared" in markdown and "| combine | 80 |" in markdown
+    assert "## Directive hints" in markdown and "34% of judged turns" in markdown
+    assert "| Shorter, please: 8 words at most. | Tell me about bees. | v0:" in markdown
+    assert paths["png"].stat().st_size > 10_000
