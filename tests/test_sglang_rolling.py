@@ -32,7 +32,7 @@ from tests.support.sglang import MODEL, SGLangServers
 pytest_plugins = ["tests.sglang_fixtures"]
 pytestmark = pytest.mark.sglang
 
-GATEWAY_DB, TRAINER_DB = 12, 13
+GATEWAY_DB, TRAINER_DB, ABORT_DB = 12, 13, 15
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
@@ -65,6 +65,16 @@ def gateway(
     server.start(timeout_s=180)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def trained(gateway: ServerProcess, valkey_server: Any, paths: dict[str, Path]) -> Path:
+    """A checkpoint the real trainer wrote from turns this gateway served."""
+    client = redis.Redis.from_url(gateway.redis_url, decode_responses=True)
+    try:
+        return train_checkpoint(gateway, client, valkey_server.url, paths["root"] / "trainer")
+    finally:
+        client.close()
 
 
 @pytest.fixture
@@ -173,11 +183,10 @@ async def streams_during_announcement(
 
 
 def test_live_rolling_update_from_a_trainer_checkpoint(
-    gateway: ServerProcess, rdb: redis.Redis, valkey_server: Any, paths: dict[str, Path]
+    gateway: ServerProcess, rdb: redis.Redis, trained: Path
 ) -> None:
-    checkpoint = train_checkpoint(gateway, rdb, valkey_server.url, paths["root"] / "trainer")
     sessions = sessions_per_replica(gateway, 2, "roll")
-    finishes = asyncio.run(streams_during_announcement(gateway, rdb, sessions, checkpoint))
+    finishes = asyncio.run(streams_during_announcement(gateway, rdb, sessions, trained))
     assert finishes == ["length"] * len(sessions), "every stream in flight must finish"
     wait_until(lambda: all(r["version"] == 1 and r["in_pool"] for r in replicas(gateway)),
                180, "both replicas on version 1")  # fmt: skip
@@ -249,6 +258,47 @@ def test_rollback_through_admin(gateway: ServerProcess) -> None:
     assert answer.status_code == 200, answer.text
     assert answer.json()["version"] == 0
     assert all(r["version"] == 0 and r["in_pool"] for r in replicas(gateway))
+
+
+def test_abort_mode_continues_in_flight_streams_on_the_other_replica(
+    sglang_servers: SGLangServers, valkey_server: Any, paths: dict[str, Path], trained: Path
+) -> None:
+    """pause_mode 'abort': a paused replica ends its requests at once; the gateway continues
+    each from the tokens it had on the replica still serving, so none fails."""
+    url = db_url(valkey_server.url, ABORT_DB)
+    redis.Redis.from_url(url).flushdb()
+    env = {
+        "LIVELOOP_API_KEYS": ",".join(API_KEYS),
+        "LIVELOOP_ADMIN_KEY": ADMIN_KEY,
+        "LIVELOOP_SERVER__SGLANG__PAUSE_MODE": "abort",
+    }
+    args = ["--engine", "sglang", "--sglang-url", ",".join(sglang_servers.urls)]
+    aborting = ServerProcess(url, paths["root"] / "gw-abort", env=env, model=MODEL, extra_args=args)
+    aborting.start(timeout_s=180)
+    try:
+        sessions = sessions_per_replica(aborting, 2, "abort")
+
+        async def streams_during_update() -> tuple[list[str], httpx.Response]:
+            events = [asyncio.Event() for _ in sessions]
+            tasks = [asyncio.create_task(stream_one(aborting, s, e))
+                     for s, e in zip(sessions, events, strict=True)]  # fmt: skip
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 300)
+            answer = await asyncio.to_thread(httpx.post, aborting.base_url + "/admin/weights",
+                json={"path": str(trained), "version": 7}, headers=ADMIN, timeout=300)  # fmt: skip
+            return list(await asyncio.gather(*tasks)), answer
+
+        finishes, answer = asyncio.run(streams_during_update())
+        assert answer.status_code == 200, answer.text
+        assert finishes == ["length"] * len(sessions), "every stream in flight must finish"
+        client = redis.Redis.from_url(url, decode_responses=True)
+        for session in sessions:
+            [record] = wait_for_turns(client, session, 1)
+            assert len(record["completion_token_ids"]) == len(record["logprobs"]) == 40
+            assert record["versions"] == sorted(record["versions"])
+        client.close()
+        assert all(r["version"] == 7 and r["in_pool"] for r in replicas(aborting))
+    finally:
+        aborting.stop()
 
 
 def test_a_killed_replica_moves_its_sessions_and_in_flight_streams(

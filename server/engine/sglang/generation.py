@@ -112,6 +112,7 @@ class Generation:
         self.replica: Replica | None = None
         self.rid = ""
         self._last: TokenOutput | None = None  # the finishing chunk's last token
+        self._pauses = 0  # the replica's pause count when this attempt began
         self.finished = False  # its last item is on the queue
         # SGLang ignores stop_token_ids along with EOS under ignore_eos; we do not.
         self._own_stops = frozenset(params.stop_token_ids) if params.ignore_eos else frozenset()
@@ -160,6 +161,7 @@ class Generation:
     async def _attempt(self, replica: Replica, attempt: int) -> bool:
         """One `/generate` stream; True once finished, False if aborted (to resume)."""
         self.replica, self.rid = replica, f"{self.request_id}-{attempt}"
+        self._pauses = replica.pauses
         body = {
             "input_ids": self.prompt + self.tokens,
             "sampling_params": sampling_params(self.params, self.max_new - len(self.tokens)),
@@ -232,7 +234,9 @@ class Generation:
                 self.queue.put_nowait(last)
             message = str(finish.get("message") or "aborted")
             replica = self.replica
-            if replica is not None and (replica.state == "updating" or not replica.in_pool):
+            if replica is not None and (
+                replica.pauses != self._pauses or replica.state == "updating" or not replica.in_pool
+            ):
                 return False  # paused for an update (mode 'abort') or leaving: continue
             if not self.tokens:
                 raise RequestRefused(message)

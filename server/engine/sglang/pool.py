@@ -51,6 +51,7 @@ class Replica:
     request_errors: int = 0
     updates_ok: int = 0
     updates_failed: int = 0
+    pauses: int = 0  # times the gateway paused its generation (an abort then is ours)
     last_error: str = ""
     since: float = field(default_factory=time.time)
 

@@ -142,6 +142,7 @@ class RollingUpdater:
         client = replica.client
         started = time.perf_counter()
         try:
+            replica.pauses += 1
             await client.pause(self.pause_mode)
             try:
                 ok, message = await client.update_weights(
