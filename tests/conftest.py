@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -22,6 +23,7 @@ from liveloop.valkey import EmbeddedValkey
 from tests.support.sglang import PYTHON_ENV, sglang_python
 
 Check = Callable[[], bool | Awaitable[bool]]
+T = TypeVar("T")
 
 
 async def wait_for(
@@ -41,17 +43,18 @@ async def wait_for(
 
 
 def wait_until(
-    check: Callable[[], bool],
+    check: Callable[[], T],
     timeout_s: float = 30.0,
-    interval_s: float = 0.05,
     what: str = "condition",
-) -> None:
-    """Blocking `wait_for`, for tests that drive subprocesses."""
+    interval_s: float = 0.05,
+) -> T:
+    """Blocking `wait_for`, for tests that drive subprocesses: the check's first truthy value."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while not (value := check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s:g}s")
         time.sleep(interval_s)
+    return value
 
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

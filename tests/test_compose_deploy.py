@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import pytest
 from openai import OpenAI
 
 from liveloop.valkey import free_port
+from tests.conftest import wait_until
 from tests.docker_host import DockerDaemon, HostNetwork, running_docker
 from tests.ops_tools import REPO_ROOT, tool
 
@@ -50,16 +51,6 @@ max_wait_s = 3.0
 
 def step(name: str, started: float) -> None:
     print(f"[test-deploy] {name}: {time.monotonic() - started:.0f}s", flush=True)
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Compose:
@@ -171,11 +162,11 @@ def test_compose_stack_learns_and_is_scraped(deployment: Compose) -> None:
                          {"role": "user", "content": reply}]  # fmt: skip
     step("traffic sent", started)
 
-    wait_until(lambda: int(compose.valkey("XLEN", "liveloop:scored")) >= 8, 120, "judged turns")
-    wait_until(lambda: int(compose.valkey("XLEN", "liveloop:batches")) >= 1, 120, "a batch")
+    wait_until(lambda: int(compose.valkey("XLEN", "liveloop:scored")) >= 8, 120, "judged turns", 1)
+    wait_until(lambda: int(compose.valkey("XLEN", "liveloop:batches")) >= 1, 120, "a batch", 1)
     version = wait_until(
         lambda: (httpx.get(base + "/readyz", timeout=5).json().get("policy_version") or 0), 300,
-        "a new policy version served",
+        "a new policy version served", interval_s=1.0,
     )  # fmt: skip
     assert version >= 1
     step(f"policy version {version} served", started)
@@ -192,12 +183,12 @@ def test_compose_stack_learns_and_is_scraped(deployment: Compose) -> None:
         return {r["metric"]["job"] for r in result}
 
     jobs = {f"liveloop-{loop}" for loop in ("serve", "judge", "collect", "train")}
-    wait_until(lambda: scraped() == jobs, 120, "Prometheus scraping the four loops")
+    wait_until(lambda: scraped() == jobs, 120, "Prometheus scraping the four loops", 1)
 
     def scraped_version() -> float:
         query = {"query": "max(liveloop_policy_version)"}
         result = httpx.get(prometheus, params=query, timeout=5).json()["data"]["result"]
         return float(result[0]["value"][1]) if result else 0.0
 
-    wait_until(lambda: scraped_version() >= 1, 120, "Prometheus seeing the new version")
+    wait_until(lambda: scraped_version() >= 1, 120, "Prometheus seeing the new version", 1)
     step("checks done", started)

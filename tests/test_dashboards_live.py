@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import yaml
 from openai import OpenAI
 
 from liveloop.valkey import free_port
+from tests.conftest import wait_until
 from tests.dashboards import RULES, panel_queries
 from tests.ops_tools import REPO_ROOT, tool
 from tests.server_proc import ADMIN_KEY
@@ -45,17 +46,6 @@ LOOP_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONPATH": str(REPO_ROOT),
 }
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `check` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Stack:
@@ -98,7 +88,9 @@ class Stack:
         args += [f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}"]
         with open(self.root / "prometheus.log", "wb") as log:
             self.procs["prometheus"] = subprocess.Popen(args, stdout=log, stderr=log)
-        wait_until(lambda: self._get("/-/ready") is not None, 30, "Prometheus ready")
+        wait_until(
+            lambda: self._get("/-/ready") is not None, 30, "Prometheus ready", interval_s=0.5
+        )
 
     def _get(self, path: str, **params: str) -> Any:
         try:
@@ -201,16 +193,16 @@ def test_every_panel_query_returns_data_from_the_running_loops(
         except httpx.HTTPError:
             return False
 
-    wait_until(server_ready, 180, "the server to be ready")
+    wait_until(server_ready, 180, "the server to be ready", interval_s=0.5)
     send_traffic(stack, redis_url)
 
     def new_version_served() -> bool:
         stack.check_alive()
         return bool(finite(stack.query("min(liveloop_policy_version) >= 1")))
 
-    wait_until(new_version_served, 240, "a trained version served and scraped")
+    wait_until(new_version_served, 240, "a trained version served and scraped", interval_s=0.5)
     wait_until(lambda: finite(stack.query("max(liveloop_stream_dead_letters) >= 1")), 60,
-               "the malformed entry dead-lettered")  # fmt: skip
+               "the malformed entry dead-lettered", interval_s=0.5)  # fmt: skip
     time.sleep(3)  # a few more scrapes after the last events
 
     targets = stack.query('up{job=~"liveloop-.*"} == 1')

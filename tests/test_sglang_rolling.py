@@ -13,8 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import redis
 from liveloop.contracts import BatchSample, WeightsAnnouncement
 from liveloop.models import resolve_model_dir
 from liveloop.server.engine.sglang.pool import HashRing, Replica
+from tests.conftest import wait_until
 from tests.server_proc import ADMIN_KEY, API_KEYS, REPO_ROOT, ServerProcess, db_url, wait_for_turns
 from tests.support.sglang import MODEL, SGLangServers
 
@@ -91,14 +91,6 @@ def client_of(gateway: ServerProcess) -> openai.OpenAI:
 def replicas(gateway: ServerProcess) -> list[dict[str, Any]]:
     body = httpx.get(gateway.base_url + "/readyz", timeout=10).json()
     return list(body.get("replicas", []))
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.25)
 
 
 def sessions_per_replica(gateway: ServerProcess, per_replica: int, tag: str) -> list[str]:
