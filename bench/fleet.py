@@ -31,7 +31,8 @@ from typing import Any
 import httpx
 import psutil
 
-from liveloop.valkey import EmbeddedValkey, die_with_parent, free_port
+from liveloop.children import die_with_parent, stop_process
+from liveloop.valkey import EmbeddedValkey, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPS = ("serve", "judge", "collect", "train")
@@ -224,14 +225,7 @@ class Fleet:
         proc = self.loops[name].process
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return stop_process(proc, timeout_s)
 
     def stop(self) -> dict[str, int | None]:
         """Stop every loop (server last: it flushes its trace queue), then Valkey."""

@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -52,28 +50,11 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 
 from liveloop.config import load_settings  # noqa: E402
 from liveloop.demo.run import objective_figures, run_objective  # noqa: E402
+from liveloop.valkey import free_port_block  # noqa: E402
 
 # Moving reward to reach, per model: about half-way from where version 0 starts to pleasing
 # every user (tiny-random's users judge length only; smollm2's want real, on-topic answers).
 THRESHOLDS = {"tiny-random": 0.25, "smollm2-135m": 0.25}
-
-
-def free_port_block() -> int:
-    """A port P with P..P+4 free: the server serves on P, the loops' metrics on P+2..P+4."""
-
-    def bindable(port: int) -> bool:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-        return True
-
-    for _ in range(200):
-        port = random.randrange(20_000, 32_000)  # below the ephemeral range
-        if all(bindable(port + i) for i in range(5)):
-            return port
-    raise RuntimeError("no block of 5 free ports")
 
 
 def run_one(

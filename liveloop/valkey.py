@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import random
 import socket
 import subprocess
 import time
@@ -40,6 +41,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_block(size: int = 5, host: str = "127.0.0.1") -> int:
+    """A port P with P..P+size-1 free (`up` serves on P and the loops' metrics on P+2..P+4).
+
+    Drawn below Linux's ephemeral range (32768+): an outgoing connection of another process
+    can take any ephemeral port at any time, and once took P+3 (the collect loop then failed
+    to start).
+    """
+
+    def bindable(port: int) -> bool:
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+        return True
+
+    for _ in range(200):
+        port = random.randrange(20_000, 32_000)
+        if all(bindable(port + i) for i in range(size)):
+            return port
+    raise RuntimeError(f"no block of {size} free ports")
 
 
 class EmbeddedValkey:

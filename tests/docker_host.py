@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from liveloop.children import stop_process
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 FAMILIES = {"iptables": "ip", "ip6tables": "ip6"}  # command -> nft family
@@ -140,13 +141,8 @@ class DockerDaemon:
     def stop(self, timeout_s: float = 60) -> None:
         """SIGTERM (dockerd stops its containers and containerd), then remove its files."""
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc, timeout_s)
         for mount in reversed(self.mounts()):  # normally none: dockerd unmounts on exit
             subprocess.run(["umount", "-l", mount], check=False)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import redis
 
+from liveloop.children import stop_process
 from liveloop.server.api.auth import tenant_id
 from liveloop.valkey import free_port
 from tests.conftest import wait_until
@@ -106,14 +106,7 @@ class ServerProcess:
         proc, self.process = self.process, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return stop_process(proc, timeout_s)
 
     def log(self) -> str:
         """The server's combined stdout/stderr so far (tail)."""

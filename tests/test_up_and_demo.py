@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,30 +14,9 @@ import httpx
 import psutil
 import pytest
 
+from liveloop.valkey import free_port_block
+
 CLI = [sys.executable, "-m", "liveloop.cli"]
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block() -> int:
-    """A port P with P..P+4 free (`up` serves on P and the loops' metrics on P+2..P+4).
-
-    Drawn below Linux's ephemeral range (32768+): an outgoing connection of another test's
-    process can take any ephemeral port at any time, and once took P+3 (the collect loop
-    then failed to start and was still being restarted when this test looked).
-    """
-    for _ in range(200):
-        port = random.randrange(20_000, 32_000)
-        if all(_bindable(port + i) for i in range(5)):
-            return port
-    raise RuntimeError("no block of 5 free ports")
 
 
 def _loop_children(parent: psutil.Process) -> dict[str, psutil.Process]:
