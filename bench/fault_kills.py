@@ -49,8 +49,8 @@ CONFIG: dict[str, Any] = {
         "claim_idle_ms": 5000,
         "consumer_name": "collector-0",
         "inline_max_bytes": 1024,  # batches by reference: a batch write takes a file write
-        "max_staleness": 1_000_000,  # every judged turn must reach a batch
     },
+    "max_staleness": 1_000_000,  # every judged turn must reach a batch
     "trainer": {
         "consumer_name": "trainer-0",
         "claim_idle_ms": 5000,

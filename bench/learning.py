@@ -21,7 +21,7 @@ reference NLL and KL per version from the registry), the hint share, and what th
 cost per update. Per objective: the mean and the spread (standard deviation, min, max) over
 seeds; then `combine` against `rl` in judged turns to the threshold.
 
-`--staleness` also runs `combine` with `collector.max_staleness` 0 against the default, with
+`--staleness` also runs `combine` with `max_staleness` 0 against the default, with
 free-running users, and reports the wall-clock minutes to the threshold: the end-to-end form of the asynchronous
 speed-up that `bench/async_vs_sync.py` measures against a simulated generator.
 
@@ -220,7 +220,7 @@ def main() -> None:
         free = argparse.Namespace(**{**vars(args), "pace": 0})  # wall clock: users never wait
         for seed in seeds:
             for label, env in (
-                ("max_staleness 0", {"LIVELOOP_COLLECTOR__MAX_STALENESS": "0"}),
+                ("max_staleness 0", {"LIVELOOP_MAX_STALENESS": "0"}),
                 ("default", {}),
             ):
                 pairs[label].append(run_one(model, "combine", seed, free, env))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from liveloop.config import load_settings
 from tests.dashboards import RULES, dashboard_files, load, panel_queries, panels
 from tests.ops_tools import REPO_ROOT, ok, run, tool
 
@@ -153,3 +154,9 @@ def test_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
     (tmp_path / "docker-compose.yml").write_text(broken)
     result = run(tool("docker-compose"), "-f", tmp_path / "docker-compose.yml", "config", "-q")
     assert result.returncode != 0 and "init" in result.stderr
+
+
+def test_the_compose_stacks_configuration_is_valid() -> None:
+    """deploy/liveloop.toml is what every loop of the stack reads: it must load."""
+    settings = load_settings(DEPLOY / "liveloop.toml")
+    assert settings.max_staleness == 4 and settings.collector.min_turns == 16

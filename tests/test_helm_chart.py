@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from liveloop.config import load_settings
 from tests.dashboards import dashboard_files
 from tests.ops_tools import REPO_ROOT, ok, run, tool
 
@@ -65,7 +66,7 @@ def test_rendered_manifests_pass_kubernetes_validate(
     assert unknown <= {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
 
 
-def test_default_values_deploy_every_part(helm: tuple[str, dict[str, str]]) -> None:
+def test_default_values_deploy_every_part(helm: tuple[str, dict[str, str]], tmp_path: Path) -> None:
     docs = render(helm)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     for name, kind in [
@@ -87,6 +88,9 @@ def test_default_values_deploy_every_part(helm: tuple[str, dict[str, str]]) -> N
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", doc["metadata"]
     config = next(d for d in docs if d["metadata"]["name"] == "lt-liveloop-config")
     assert "[collector]" in config["data"]["liveloop.toml"]
+    rendered = tmp_path / "liveloop.toml"  # what every loop reads: it must load
+    rendered.write_text(config["data"]["liveloop.toml"])
+    assert load_settings(rendered).max_staleness == 4
     dashboards = next(d for d in docs if d["metadata"]["name"] == "lt-liveloop-dashboards")
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
     for path in dashboard_files():
