@@ -20,6 +20,7 @@ import yaml
 from liveloop.config import load_settings
 from tests.dashboards import dashboard_files
 from tests.ops_tools import REPO_ROOT, ok, run, tool
+from tests.test_deploy_files import assert_loads_as_settings
 
 CHART = REPO_ROOT / "helm" / "liveloop"
 GPU_VALUES = CHART / "ci" / "gpu-values.yaml"
@@ -109,7 +110,8 @@ def test_gpu_values_run_sglang_replicas_and_a_gpu_trainer(helm: tuple[str, dict[
     serve = docs[("Deployment", "lt-liveloop-serve")]["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in serve["containers"][0]["env"]}
     assert env["LIVELOOP_SERVER__ENGINE"] == "sglang"
-    assert json.loads(env["LIVELOOP_SERVER__SGLANG_URLS"]) == [
+    assert_loads_as_settings(env)
+    assert json.loads(env["LIVELOOP_SERVER__SGLANG__URLS"]) == [
         f"http://lt-liveloop-sglang-{i}.lt-liveloop-sglang:30000" for i in range(3)
     ]
     assert env["LIVELOOP_REDIS_URL"] == "redis://redis.example.internal:6379/0"
