@@ -201,9 +201,6 @@ class Trainer:
         reporting = asyncio.create_task(reporter.run(self.cfg.quality_interval_s))
         status = "failed"
         try:
-            log.info("training %s from v%d as consumer %s%s", self.shared.model, self.version,
-                     self.cfg.consumer_name, " (new versions pass the promotion gate)"
-                     if self.gated else "")  # fmt: skip
             await self._start_gate(registry)
             await self._lead_through_outages(client, registry, run_id)
             status = "finished"
@@ -249,6 +246,12 @@ class Trainer:
             )
             try:
                 await source.start()
+                log.info(
+                    "training %s from v%d, reading %s as consumer %s%s",
+                    self.shared.model, self.version, source.consumer.stream,
+                    source.consumer.consumer, " (new versions pass the promotion gate)"
+                    if self.gated else "",
+                )  # fmt: skip
                 await self._reconcile(publisher)
                 await self._lead(source, publisher)
                 return
