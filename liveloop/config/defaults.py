@@ -1,11 +1,13 @@
 """Defaults that depend on the model, for the built-in aliases (and a fallback for others).
 
 The KL coefficient anchors the policy to its reference model. Too small and a policy that
-pleases its judge drifts into unnatural text; too large and it cannot learn at all. The
-values below were chosen by measurement: `make demo` runs on this project's 2-core CPU
-machines with several coefficients, keeping the largest reward gain whose final replies
-stayed within the quality bounds (topic rate, reference NLL per token, symbol share); the
-figures are in the README's learning-quality section.
+pleases its judge drifts into unnatural text; too large and it cannot learn at all.
+How the values were set: tiny-random's reference is random noise, so its anchor is only
+nominal (0.001: nothing to protect, and its 3-minute demo must still learn). For
+smollm2-135m, 0.1 is a starting value, not yet the result of a sweep: the one measured
+15-minute demo with it (learning rate 5e-5) lost topic rate in its first update and had
+every later version refused by the promotion gate, so a sweep of coefficient and
+learning rate, each scored by the demo report's quality columns, is still to be done.
 """
 
 from __future__ import annotations
