@@ -79,6 +79,9 @@ DEFAULT_TOOL_ERRORS = [
     r"\bno such file or directory\b",
 ]
 
+# (shortest non-trivial, longest kept) directive hint, in characters, unless configured
+HINT_CHARS = (10, 300)
+
 
 BUILTIN_SECTIONS = ("rules", "llm")  # judges whose settings have a section of their own
 
@@ -243,12 +246,14 @@ class JudgeConfig(Section):
         5.0, gt=0, description="How often consumer lag and pending counts are refreshed."
     )
     directive_hint_min_chars: int = Field(
-        10,
+        HINT_CHARS[0],
         ge=1,
         description="A directive hint shorter than this is trivial and dropped ('ok', 'n/a').",
     )
     directive_hint_max_chars: int = Field(
-        300, ge=20, description="A longer directive hint is cut to this (at a word boundary)."
+        HINT_CHARS[1],
+        ge=20,
+        description="A longer directive hint is cut to this (at a word boundary).",
     )
     rules: RulesJudgeConfig = Field(default_factory=RulesJudgeConfig)
     llm: LLMJudgeConfig = Field(default_factory=LLMJudgeConfig)

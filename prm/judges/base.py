@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from liveloop import samples
+from liveloop.config.prm import HINT_CHARS
 from liveloop.contracts import Feedback, NextStateKind, TurnRecord, TurnType, turn_key
 
 S = TypeVar("S", bound=BaseModel)
@@ -31,9 +32,6 @@ S = TypeVar("S", bound=BaseModel)
 
 class JudgeError(RuntimeError):
     """A judge failed on one turn (raised, timed out or returned an invalid result)."""
-
-
-HINT_CHARS = (10, 300)  # the defaults of prm.directive_hint_min_chars / _max_chars
 
 
 @dataclass(frozen=True)

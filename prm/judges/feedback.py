@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from liveloop.config.prm import HINT_CHARS
 from liveloop.prm.judges.base import (
-    HINT_CHARS,
     JudgeBase,
     JudgeContext,
     JudgeRequest,

@@ -17,9 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from liveloop.config.prm import RulesJudgeConfig
+from liveloop.config.prm import HINT_CHARS, RulesJudgeConfig
 from liveloop.prm.judges.base import (
-    HINT_CHARS,
     JudgeBase,
     JudgeContext,
     JudgeRequest,
