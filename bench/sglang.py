@@ -16,7 +16,13 @@ runs unchanged on a GPU machine). On a CPU machine SGLang needs CPU kernels:
 sgl_kernel_cpu_shim` (what `make test-sglang` uses). Prints one JSON object.
 
     python bench/sglang.py --launch 2 --device cpu --python .venv-sglang/bin/python \\
-        --launch-env PYTHONPATH=tests/support/sgl_kernel_cpu_shim --max-tokens 32
+        --launch-env PYTHONPATH=tests/support/sgl_kernel_cpu_shim --max-tokens 32 \\
+        --launch-arg=--max-total-tokens --launch-arg=32768 \\
+        --launch-arg=--max-running-requests --launch-arg=16
+
+(On CPU, without a token budget each SGLang scheduler sizes its KV cache to about 11 GB, and
+two of them do not fit in 24 GB: the OOM killer ends one. The budget is what
+`make test-sglang` gives its servers too.)
 """
 
 from __future__ import annotations
