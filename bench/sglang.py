@@ -49,6 +49,7 @@ from liveloop.server.engine.sglang.launcher import SGLangLauncher
 from liveloop.valkey import EmbeddedValkey, free_port
 
 ADMIN_KEY = "bench-admin"
+API_KEY = "bench-api"  # the admin key may not also open the chat API
 
 
 async def sse(client: httpx.AsyncClient, url: str, body: dict[str, Any], kind: str) -> list[float]:
@@ -56,7 +57,7 @@ async def sse(client: httpx.AsyncClient, url: str, body: dict[str, Any], kind: s
     times = [time.perf_counter()]
     seen = 0
     async with client.stream(
-        "POST", url, json=body, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+        "POST", url, json=body, headers={"Authorization": f"Bearer {API_KEY}"}
     ) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -178,7 +179,7 @@ def start_gateway(
     urls: list[str], valkey: str, model: str, data: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = dict(os.environ, LIVELOOP_ADMIN_KEY=ADMIN_KEY, LIVELOOP_API_KEYS=ADMIN_KEY)
+    env = dict(os.environ, LIVELOOP_ADMIN_KEY=ADMIN_KEY, LIVELOOP_API_KEYS=API_KEY)
     cmd = [
         sys.executable,
         "-m",
