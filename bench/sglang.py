@@ -208,7 +208,10 @@ def start_gateway(
             if httpx.get(url + "/readyz", timeout=2).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
-            time.sleep(0.5)
+            pass
+        if proc.poll() is not None:  # exited (e.g. a configuration error): stop waiting
+            break
+        time.sleep(0.5)
     proc.kill()
     raise RuntimeError("the gateway did not become ready")
 
