@@ -65,7 +65,7 @@ test: lint typecheck pytest
 $(SGLANG_STAMP):
 	$(PY) -m venv $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SGLANG_VENV)/bin/pip install --quiet $(SGLANG_PIN)
+	$(SGLANG_VENV)/bin/pip install --quiet --no-cache-dir $(SGLANG_PIN)
 	touch $(SGLANG_STAMP)
 
 sglang-venv: $(SGLANG_STAMP)
