@@ -23,6 +23,7 @@ from liveloop.trainer.data import build_micro_batch
 from liveloop.trainer.gate import PromotionGate, build_panel
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import drift_sums
+from liveloop.trainer.probes import ProbeResult
 from tests.server_proc import ADMIN_KEY, ServerProcess
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
@@ -91,6 +92,36 @@ async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() ->
     assert not degraded.accepted
     assert degraded.reason is not None and "KL to the reference" in degraded.reason
     assert degraded.probe.kl_ref > 1.0
+
+
+def _probe(version: int, reward: float, topic: float, symbols: float = 0.0) -> ProbeResult:
+    return ProbeResult(version=version, probes=16, scored=16, reward=reward, ref_nll=3.0,
+                       kl_ref=0.1, mean_words=20.0, distinct_2=0.9, topic_rate=topic,
+                       symbol_share=symbols)  # fmt: skip
+
+
+def test_gate_stops_a_slow_slide_and_replies_that_lose_the_topic() -> None:
+    """Each check alone: reward against version 0 too, topic rate, symbol share."""
+    settings = load_settings(model="smollm2-135m")
+    cfg = settings.trainer.gate  # margin 0.25, topic drop 0.2, symbols 0.1
+    gate = PromotionGate("smollm2-135m", cfg, build_panel(settings.prm, settings.shared()))
+    gate.version0, gate.serving = _probe(0, 0.0, 0.75), _probe(4, -0.2, 0.7)
+    assert gate.decide(_probe(5, -0.2, 0.7)).accepted  # within the margin of both
+    slide = gate.decide(_probe(5, -0.4, 0.7))  # serving - 0.2, but version 0 - 0.4
+    assert not slide.accepted and slide.reason is not None
+    assert "version 0's" in slide.reason and "serving" not in slide.reason
+    off_topic = gate.decide(_probe(5, 0.1, 0.5))  # reward fine, topic 75% -> 50%
+    assert not off_topic.accepted and "topic rate" in str(off_topic.reason)
+    symbols = gate.decide(_probe(5, 0.1, 0.75, symbols=0.2))
+    assert not symbols.accepted and "symbols" in str(symbols.reason)
+    lenient = cfg.model_copy(
+        update={"compare_with_version0": False, "max_topic_drop": None, "max_symbol_share": None}
+    )
+    gate.cfg = lenient
+    assert gate.decide(_probe(5, -0.4, 0.5, symbols=0.2)).accepted
+    noise = PromotionGate("tiny-random", cfg, gate.panel)  # a random model has no language
+    noise.version0, noise.serving = gate.version0, gate.serving
+    assert noise.decide(_probe(5, -0.2, 0.0, symbols=1.0)).accepted
 
 
 def _weights(url: str) -> dict[str, Any]:

@@ -3,10 +3,13 @@
 Reward alone can rise while replies decay, so before the trainer announces a version it
 answers a fixed probe set (`liveloop.trainer.probes`) with the new weights, in the
 trainer's own process: serving never waits for it. The version is refused when its judged
-probe reward falls below the serving version's by more than `reward_margin`, when its KL to
-the reference model exceeds `max_kl`, or when its replies' reference NLL per token exceeds
-`max_nll_ratio` times version 0's. A refused version is recorded and announced as
-rejected (never served), and the trainer trains on from the last accepted version.
+probe reward falls below the serving version's (or version 0's) by more than
+`reward_margin`, when its KL to the reference model exceeds `max_kl`, when its replies'
+reference NLL per token exceeds `max_nll_ratio` times version 0's, or, for a model with
+language, when fewer of its replies name the question's topic than version 0's by more than
+`max_topic_drop` or more than `max_symbol_share` of them are dominated by symbols. A refused
+version is recorded and announced as rejected (never served), and the trainer trains on from
+the last accepted version.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class PromotionGate:
         defaults = model_defaults(model)
         self.max_tokens = self.cfg.max_tokens or defaults.reply_tokens
         self.max_kl = self.cfg.max_kl if self.cfg.max_kl is not None else defaults.gate_max_kl
+        self.has_language = defaults.has_language  # topic and symbol bounds mean nothing without
         self.version0: ProbeResult | None = None
         self.serving: ProbeResult | None = None
         self._prompts: list[list[int]] | None = None
@@ -137,13 +141,26 @@ class PromotionGate:
         """Accept unless the candidate regresses in reward or drifts too far (reasons given)."""
         if self.version0 is None or self.serving is None:
             raise RuntimeError("PromotionGate.start() has not run")
+        reasons = self._reward_reasons(candidate) + self._drift_reasons(candidate)
+        return GateVerdict(accepted=not reasons, reason="; ".join(reasons) or None, probe=candidate)
+
+    def _reward_reasons(self, candidate: ProbeResult) -> list[str]:
+        """Probe reward below the serving version's (and version 0's) by more than the margin."""
+        assert self.version0 is not None and self.serving is not None
+        margin, new = self.cfg.reward_margin, candidate.reward
+        bases = [("the serving version's", self.serving.reward)]
+        if self.cfg.compare_with_version0 and self.serving.version != 0:
+            bases.append(("version 0's", self.version0.reward))
+        return [
+            f"probe reward {new:+.3f} is below {name} {base:+.3f} by more than {margin:g}"
+            for name, base in bases
+            if base is not None and new is not None and new < base - margin
+        ]
+
+    def _drift_reasons(self, candidate: ProbeResult) -> list[str]:
+        """Drift from the reference, and replies that stopped being answers."""
+        assert self.version0 is not None
         reasons: list[str] = []
-        base, new = self.serving.reward, candidate.reward
-        if base is not None and new is not None and new < base - self.cfg.reward_margin:
-            reasons.append(
-                f"probe reward {new:+.3f} is below the serving version's {base:+.3f} "
-                f"by more than {self.cfg.reward_margin:g}"
-            )
         if self.max_kl is not None and candidate.kl_ref > self.max_kl:
             reasons.append(f"KL to the reference {candidate.kl_ref:.3f} > {self.max_kl:g}")
         ratio = self.cfg.max_nll_ratio
@@ -152,7 +169,19 @@ class PromotionGate:
                 f"reference NLL {candidate.ref_nll:.3f} > {ratio:g} x version 0's "
                 f"{self.version0.ref_nll:.3f}"
             )
-        return GateVerdict(accepted=not reasons, reason="; ".join(reasons) or None, probe=candidate)
+        if not self.has_language:
+            return reasons
+        drop, before, now = self.cfg.max_topic_drop, self.version0.topic_rate, candidate.topic_rate
+        if drop is not None and before is not None and now is not None and now < before - drop:
+            reasons.append(
+                f"topic rate {now:.0%} is below version 0's {before:.0%} by more than {drop:.0%}"
+            )
+        symbols = self.cfg.max_symbol_share
+        if symbols is not None and candidate.symbol_share > symbols:
+            reasons.append(
+                f"{candidate.symbol_share:.0%} of replies dominated by symbols > {symbols:.0%}"
+            )
+        return reasons
 
     def accepted(self, result: ProbeResult) -> None:
         """A version went live: it is the one the next candidates are compared with."""

@@ -41,6 +41,27 @@ class GateSettings(Section):
         le=2,
         description="Refuse a version whose mean probe reward is below the serving one by more.",
     )
+    compare_with_version0: bool = Field(
+        True,
+        description="Also refuse a version whose probe reward is below version 0's by more than "
+        "reward_margin. Without it, each accepted version may be a little worse than the last "
+        "and the margins add up.",
+    )
+    max_topic_drop: float | None = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="Refuse a version whose share of probe replies naming the question's topic "
+        "is below version 0's by more than this (simulated-user probes on a model with language "
+        "only); unset = no bound.",
+    )
+    max_symbol_share: float | None = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Refuse a version with more than this share of probe replies dominated by "
+        "symbols or markup (models with language only); unset = no bound.",
+    )
     max_kl: float | None = Field(
         None,
         gt=0,
