@@ -149,6 +149,24 @@ def test_opd_advantage_and_its_gradient_by_hand() -> None:
     assert high.grad is not None and high.grad.tolist() == pytest.approx([0.0, 3.75, -0.25, 0.5])
 
 
+def test_centred_opd_advantages_have_a_zero_mean_per_reply() -> None:
+    # Two replies (3 and 2 tokens); the second's last token has no teacher signal.
+    teacher = torch.tensor([-1.0, -2.0, -3.0, -1.0, -5.0])
+    proximal = torch.tensor([-0.5, -0.5, -0.5, -2.0, -1.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])
+    scalar = torch.zeros(5)
+    # Uncentred: the teacher finds reply 1 less likely everywhere, so every token is pushed down.
+    plain = AdvantageConfig("opd", opd_clip=None)
+    assert token_advantages(scalar, teacher, proximal, mask, plain).tolist() == [
+        -0.5, -1.5, -2.5, 1.0, 0.0,
+    ]  # fmt: skip
+    centred = AdvantageConfig("opd", opd_clip=None, opd_center=True)
+    got = token_advantages(scalar, teacher, proximal, mask, centred, lengths=[3, 2])
+    assert got.tolist() == pytest.approx([1.0, 0.0, -1.0, 0.0, 0.0])  # reply 1 mean -1.5
+    with pytest.raises(ValueError, match="length"):
+        token_advantages(scalar, teacher, proximal, mask, centred)
+
+
 def hinted_samples(pol: Policy, n: int = 4, hint: bool = True) -> list[BatchSample]:
     template = ChatTemplate(pol.tokenizer)
     out = []

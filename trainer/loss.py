@@ -18,6 +18,7 @@ which keeps the arithmetic and its gradient checkable by hand.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,16 +72,34 @@ class AdvantageConfig:
     rl_weight: float = 1.0
     opd_weight: float = 1.0
     opd_clip: float | None = 5.0
+    opd_center: bool = False
 
 
 def opd_advantages(
-    teacher: torch.Tensor, proximal: torch.Tensor, mask: torch.Tensor, clip: float | None
+    teacher: torch.Tensor,
+    proximal: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None,
+    lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """log pi_teacher - log pi_proximal per token (clamped to +-clip), 0 where `mask` is 0."""
+    """log pi_teacher - log pi_proximal per token (clamped to +-clip), 0 where `mask` is 0.
+
+    With `lengths` (completion tokens of each reply, in row order), each reply's taught
+    tokens are centred on their own mean: a baseline per reply, which leaves the expected
+    gradient as it is but drops the push on every sampled token at once that a teacher
+    surprised by the whole reply gives (it raises the student's entropy).
+    """
     gap = (teacher - proximal).detach()
     if clip is not None:
         gap = gap.clamp(-clip, clip)
-    return gap * mask
+    gap = gap * mask
+    if lengths is None:
+        return gap
+    parts = []
+    for g, m in zip(gap.split(list(lengths)), mask.split(list(lengths)), strict=True):
+        taught = m.sum()
+        parts.append(g - m * (g.sum() / taught) if taught > 0 else g)
+    return torch.cat(parts) if parts else gap
 
 
 def token_advantages(
@@ -89,11 +108,18 @@ def token_advantages(
     proximal: torch.Tensor,
     mask: torch.Tensor,
     cfg: AdvantageConfig,
+    lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Each token's advantage under the objective (all inputs per token, detached)."""
+    """Each token's advantage under the objective (all inputs per token, detached).
+
+    `lengths`: completion tokens of each reply in row order, needed when `cfg.opd_center`.
+    """
     if cfg.objective == "rl":
         return scalar.detach()
-    opd = cfg.opd_weight * opd_advantages(teacher, proximal, mask, cfg.opd_clip)
+    if cfg.opd_center and lengths is None:
+        raise ValueError("centred OPD advantages need each reply's length")
+    per_reply = lengths if cfg.opd_center else None
+    opd = cfg.opd_weight * opd_advantages(teacher, proximal, mask, cfg.opd_clip, per_reply)
     if cfg.objective == "opd":
         return opd
     return cfg.rl_weight * scalar.detach() + opd

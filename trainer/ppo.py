@@ -106,6 +106,7 @@ def advantage_config(cfg: TrainerConfig) -> AdvantageConfig:
         rl_weight=cfg.opd.rl_weight,
         opd_weight=cfg.opd.opd_weight,
         opd_clip=cfg.opd.advantage_clip,
+        opd_center=cfg.opd.center_advantages,
     )
 
 
@@ -299,8 +300,9 @@ class PPOUpdater:
             for j, mb in enumerate(mbs):
                 current, entropy = completion_logprobs(self.policy.model, mb, with_entropy=True)
                 prox = proximal.get((i, j), current.detach())
+                lengths = [n for n, _version in mb.segments]
                 advantages = token_advantages(
-                    mb.advantages, mb.teacher, prox, mb.opd_mask, self.adv_cfg
+                    mb.advantages, mb.teacher, prox, mb.opd_mask, self.adv_cfg, lengths
                 )
                 terms = decoupled_ppo_loss(
                     current, prox, mb.logprobs, advantages, self.loss_cfg, reference.get((i, j))
@@ -308,7 +310,10 @@ class PPOUpdater:
                 (terms.loss_sum / mini_targets[i]).backward()
                 totals.add(terms, entropy)
                 if signal.logprobs:
-                    opd = opd_advantages(mb.teacher, prox, mb.opd_mask, self.adv_cfg.opd_clip)
+                    per_reply = lengths if self.adv_cfg.opd_center else None
+                    opd = opd_advantages(
+                        mb.teacher, prox, mb.opd_mask, self.adv_cfg.opd_clip, per_reply
+                    )
                     totals.add_opd(mb, prox, self.adv_cfg.opd_weight * opd)
             self.comm.sum_gradients(self.params)
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)

@@ -56,6 +56,13 @@ class OPDSettings(Section):
         gt=0,
         description="OPD token advantages are clamped to [-clip, clip] (nats); unset = no clamp.",
     )
+    center_advantages: bool = Field(
+        True,
+        description="Centre each reply's OPD token advantages on their mean (a per-reply "
+        "baseline). Uncentred, a teacher that finds the whole reply unlikely pushes down every "
+        "sampled token at once, which raised SmolLM2's entropy and its replies' reference NLL "
+        "until the promotion gate refused every version.",
+    )
     hint_role: str = Field(
         "system",
         description="Role of the extra message the hint is rendered as, between the request "
