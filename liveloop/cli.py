@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmds["demo"].add_argument(
         "--objective",
         help="training objective(s), comma-separated, run one after the other: rl, opd, "
-        "combine (default: combine)",
+        "combine (default: the model's, see liveloop.config.defaults)",
     )
     cmds["eval"].add_argument(
         "--version", type=int, help="also replay held-out users against this policy version"

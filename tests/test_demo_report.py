@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from liveloop.config import load_settings
 from liveloop.demo.curves import moving_mean, turns_to_threshold, window_means
 from liveloop.demo.report import JudgedTurn, summarise, training_figures, write_report
-from liveloop.demo.run import objective_figures
+from liveloop.demo.run import demo_objectives, objective_figures
 
 
 def test_curves_by_hand() -> None:
@@ -87,3 +88,13 @@ def test_report_compares_objectives_and_shows_hints(tmp_path: Path) -> None:
     assert "## Directive hints" in markdown and "34% of judged turns" in markdown
     assert "| Shorter, please: 8 words at most. | Tell me about bees. | v0:" in markdown
     assert paths["png"].stat().st_size > 10_000
+
+
+def test_demo_objectives_default_per_model_and_asked_ones_win() -> None:
+    """smollm2 learns from the reward alone unless told (its hinted teacher hurt it)."""
+    assert demo_objectives(load_settings(model="tiny-random")) == ["combine"]
+    assert demo_objectives(load_settings(model="smollm2-135m")) == ["rl"]
+    asked = load_settings(model="smollm2-135m", demo={"objectives": ["combine", "rl", "combine"]})
+    assert demo_objectives(asked) == ["combine", "rl"]
+    with pytest.raises(ValueError):
+        load_settings(model="smollm2-135m", demo={"objectives": []})

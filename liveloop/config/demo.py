@@ -16,11 +16,13 @@ class DemoConfig(Section):
     users: int = Field(8, ge=1, description="Concurrent simulated users.")
     seed: int = Field(0, description="Seed of the simulated user population.")
     window_turns: int = Field(64, ge=4, description="Turns in the first/last window of the report.")
-    objectives: list[Objective] = Field(
-        default_factory=lambda: list[Objective](["combine"]),
+    objectives: list[Objective] | None = Field(
+        None,
         min_length=1,
         description="Training objectives to run, one after the other, each for `minutes` with "
-        "the same users; the report compares their reward curves when there are several.",
+        "the same users; the report compares their reward curves when there are several. "
+        "Unset: the model's measured default (liveloop.config.defaults: 'combine' for "
+        "tiny-random, 'rl' for smollm2-135m and other models).",
     )
     reward_threshold: float = Field(
         0.5,

@@ -155,13 +155,19 @@ class ObjectiveRun:
     started_at: float  # wall-clock time the simulated users started
 
 
+def demo_objectives(settings: LiveLoopSettings) -> list[str]:
+    """The objectives the demo runs: those asked for, else the model's default, no repeats."""
+    asked = settings.demo.objectives or [model_defaults(settings.model).demo_objective]
+    return list(dict.fromkeys(asked))
+
+
 def run_demo(
     settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
 ) -> None:
     """The whole demo, one run per objective; prints where the report landed."""
     out_dir = settings.data_dir / "demo"
     runs = []
-    for i, objective in enumerate(dict.fromkeys(settings.demo.objectives)):
+    for i, objective in enumerate(demo_objectives(settings)):
         run_dir = out_dir / ("run" if i == 0 else f"run-{objective}")
         runs.append(
             run_objective(settings, objective, run_dir, config_file=config_file, quiet=quiet)
