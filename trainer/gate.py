@@ -82,7 +82,7 @@ class PromotionGate:
         defaults = model_defaults(model)
         self.max_tokens = self.cfg.max_tokens or defaults.reply_tokens
         self.max_kl = self.cfg.max_kl if self.cfg.max_kl is not None else defaults.gate_max_kl
-        self.has_language = defaults.has_language  # topic and symbol bounds mean nothing without
+        self.has_language = defaults.has_language  # else the topic and symbol rules are moot
         self.version0: ProbeResult | None = None
         self.serving: ProbeResult | None = None
         self._prompts: list[list[int]] | None = None
