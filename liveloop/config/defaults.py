@@ -12,7 +12,9 @@ learning rate 5e-5) 'rl' had all 11 versions accepted by the promotion gate, whi
 and had most versions refused, with the teacher being the policy or the reference and
 with OPD advantages centred or not. A 135M model reading "please be brief" as an extra
 message does not become a better teacher, so smollm2's demo learns from the reward alone;
-`--objective combine` still runs it. tiny-random has no language to lose: 'combine'.
+`--objective combine` still runs it. tiny-random has no language to lose and keeps
+'combine', though there too 'rl' learned faster (3 seeds, 400 judged turns: 'rl' reached a
+moving reward of 0.25 in all three, after 323 +- 80 turns; 'combine' in one of three).
 """
 
 from __future__ import annotations
