@@ -19,6 +19,7 @@ from liveloop.trainer.loss import (
     AdvantageConfig,
     LossConfig,
     decoupled_ppo_loss,
+    opd_term,
     token_advantages,
 )
 from liveloop.trainer.opd.distill import Distiller, make_teacher
@@ -127,17 +128,21 @@ def test_opd_advantage_and_its_gradient_by_hand() -> None:
     mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last token's turn has no teacher signal
     scalar = torch.tensor([0.5, 0.5, 0.5, -1.0])
     opd = AdvantageConfig("opd", opd_weight=1.0, opd_clip=1.5)
-    assert token_advantages(scalar, teacher, proximal, mask, opd).tolist() == [1.0, -1.5, 0.0, 0.0]
+    got = token_advantages(scalar, opd_term(teacher, proximal, mask, opd), opd)
+    assert got.tolist() == [1.0, -1.5, 0.0, 0.0]
     combine = AdvantageConfig("combine", rl_weight=0.5, opd_weight=2.0, opd_clip=None)
     expected = [0.25 + 2.0, 0.25 - 4.0, 0.25, -0.5]
-    assert token_advantages(scalar, teacher, proximal, mask, combine).tolist() == expected
+    combined = token_advantages(scalar, opd_term(teacher, proximal, mask, combine), combine)
+    assert combined.tolist() == expected
     rl = AdvantageConfig("rl")
-    assert token_advantages(scalar, teacher, proximal, mask, rl).tolist() == scalar.tolist()
+    assert token_advantages(scalar, None, rl).tolist() == scalar.tolist()
+    with pytest.raises(ValueError, match="OPD term"):
+        token_advantages(scalar, None, combine)
 
     # At current = proximal (ratio 1, inside the clip range) and behaviour = proximal (w = 1)
     # the loss is -sum(A_t * ratio_t) and d loss / d current_t = -A_t.
     current = proximal.clone().requires_grad_(True)
-    advantages = token_advantages(scalar, teacher, proximal, mask, combine)
+    advantages = token_advantages(scalar, opd_term(teacher, proximal, mask, combine), combine)
     terms = decoupled_ppo_loss(current, proximal, proximal, advantages, LossConfig())
     assert float(terms.loss_sum.detach()) == pytest.approx(-sum(expected))
     terms.loss_sum.backward()
@@ -157,14 +162,14 @@ def test_centred_opd_advantages_have_a_zero_mean_per_reply() -> None:
     scalar = torch.zeros(5)
     # Uncentred: the teacher finds reply 1 less likely everywhere, so every token is pushed down.
     plain = AdvantageConfig("opd", opd_clip=None)
-    assert token_advantages(scalar, teacher, proximal, mask, plain).tolist() == [
+    assert token_advantages(scalar, opd_term(teacher, proximal, mask, plain), plain).tolist() == [
         -0.5, -1.5, -2.5, 1.0, 0.0,
     ]  # fmt: skip
     centred = AdvantageConfig("opd", opd_clip=None, opd_center=True)
-    got = token_advantages(scalar, teacher, proximal, mask, centred, lengths=[3, 2])
+    got = token_advantages(scalar, opd_term(teacher, proximal, mask, centred, [3, 2]), centred)
     assert got.tolist() == pytest.approx([1.0, 0.0, -1.0, 0.0, 0.0])  # reply 1 mean -1.5
     with pytest.raises(ValueError, match="length"):
-        token_advantages(scalar, teacher, proximal, mask, centred)
+        opd_term(teacher, proximal, mask, centred)
 
 
 def hinted_samples(pol: Policy, n: int = 4, hint: bool = True) -> list[BatchSample]:

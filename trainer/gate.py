@@ -141,37 +141,38 @@ class PromotionGate:
         """Accept unless the candidate regresses in reward or drifts too far (reasons given)."""
         if self.version0 is None or self.serving is None:
             raise RuntimeError("PromotionGate.start() has not run")
-        reasons = self._reward_reasons(candidate) + self._drift_reasons(candidate)
+        reasons = self._reward_reasons(candidate, self.version0, self.serving)
+        reasons += self._drift_reasons(candidate, self.version0)
         return GateVerdict(accepted=not reasons, reason="; ".join(reasons) or None, probe=candidate)
 
-    def _reward_reasons(self, candidate: ProbeResult) -> list[str]:
+    def _reward_reasons(
+        self, candidate: ProbeResult, version0: ProbeResult, serving: ProbeResult
+    ) -> list[str]:
         """Probe reward below the serving version's (and version 0's) by more than the margin."""
-        assert self.version0 is not None and self.serving is not None
         margin, new = self.cfg.reward_margin, candidate.reward
-        bases = [("the serving version's", self.serving.reward)]
-        if self.cfg.compare_with_version0 and self.serving.version != 0:
-            bases.append(("version 0's", self.version0.reward))
+        bases = [("the serving version's", serving.reward)]
+        if self.cfg.compare_with_version0 and serving.version != 0:
+            bases.append(("version 0's", version0.reward))
         return [
             f"probe reward {new:+.3f} is below {name} {base:+.3f} by more than {margin:g}"
             for name, base in bases
             if base is not None and new is not None and new < base - margin
         ]
 
-    def _drift_reasons(self, candidate: ProbeResult) -> list[str]:
+    def _drift_reasons(self, candidate: ProbeResult, version0: ProbeResult) -> list[str]:
         """Drift from the reference, and replies that stopped being answers."""
-        assert self.version0 is not None
         reasons: list[str] = []
         if self.max_kl is not None and candidate.kl_ref > self.max_kl:
             reasons.append(f"KL to the reference {candidate.kl_ref:.3f} > {self.max_kl:g}")
         ratio = self.cfg.max_nll_ratio
-        if ratio is not None and candidate.ref_nll > ratio * self.version0.ref_nll:
+        if ratio is not None and candidate.ref_nll > ratio * version0.ref_nll:
             reasons.append(
                 f"reference NLL {candidate.ref_nll:.3f} > {ratio:g} x version 0's "
-                f"{self.version0.ref_nll:.3f}"
+                f"{version0.ref_nll:.3f}"
             )
         if not self.has_language:
             return reasons
-        drop, before, now = self.cfg.max_topic_drop, self.version0.topic_rate, candidate.topic_rate
+        drop, before, now = self.cfg.max_topic_drop, version0.topic_rate, candidate.topic_rate
         if drop is not None and before is not None and now is not None and now < before - drop:
             reasons.append(
                 f"topic rate {now:.0%} is below version 0's {before:.0%} by more than {drop:.0%}"

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-Objective = Literal["rl", "opd", "combine"]
+from liveloop.config.base import Objective
 
 # exp() of a log importance weight above this is reported as exp(_MAX_LOG_W): avoids inf.
 _MAX_LOG_W = 30.0
@@ -102,24 +102,31 @@ def opd_advantages(
     return torch.cat(parts) if parts else gap
 
 
-def token_advantages(
-    scalar: torch.Tensor,
+def opd_term(
     teacher: torch.Tensor,
     proximal: torch.Tensor,
     mask: torch.Tensor,
     cfg: AdvantageConfig,
     lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Each token's advantage under the objective (all inputs per token, detached).
+    """`opd_weight` x the OPD advantage, centred per reply when `cfg.opd_center`.
 
     `lengths`: completion tokens of each reply in row order, needed when `cfg.opd_center`.
     """
-    if cfg.objective == "rl":
-        return scalar.detach()
     if cfg.opd_center and lengths is None:
         raise ValueError("centred OPD advantages need each reply's length")
     per_reply = lengths if cfg.opd_center else None
-    opd = cfg.opd_weight * opd_advantages(teacher, proximal, mask, cfg.opd_clip, per_reply)
+    return cfg.opd_weight * opd_advantages(teacher, proximal, mask, cfg.opd_clip, per_reply)
+
+
+def token_advantages(
+    scalar: torch.Tensor, opd: torch.Tensor | None, cfg: AdvantageConfig
+) -> torch.Tensor:
+    """Each token's advantage under the objective, from the scalar advantage and `opd_term`."""
+    if cfg.objective == "rl":
+        return scalar.detach()
+    if opd is None:
+        raise ValueError(f"the {cfg.objective!r} objective needs the OPD term")
     if cfg.objective == "opd":
         return opd
     return cfg.rl_weight * scalar.detach() + opd

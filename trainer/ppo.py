@@ -29,7 +29,7 @@ from liveloop.trainer.loss import (
     LossConfig,
     LossTerms,
     decoupled_ppo_loss,
-    opd_advantages,
+    opd_term,
     token_advantages,
 )
 from liveloop.trainer.opd.distill import SKIP_REASONS, Distiller, TeacherSignal, make_teacher
@@ -300,21 +300,18 @@ class PPOUpdater:
             for j, mb in enumerate(mbs):
                 current, entropy = completion_logprobs(self.policy.model, mb, with_entropy=True)
                 prox = proximal.get((i, j), current.detach())
-                lengths = [n for n, _version in mb.segments]
-                advantages = token_advantages(
-                    mb.advantages, mb.teacher, prox, mb.opd_mask, self.adv_cfg, lengths
-                )
+                opd = None
+                if self.adv_cfg.objective != "rl":
+                    lengths = [n for n, _version in mb.segments]
+                    opd = opd_term(mb.teacher, prox, mb.opd_mask, self.adv_cfg, lengths)
+                advantages = token_advantages(mb.advantages, opd, self.adv_cfg)
                 terms = decoupled_ppo_loss(
                     current, prox, mb.logprobs, advantages, self.loss_cfg, reference.get((i, j))
                 )
                 (terms.loss_sum / mini_targets[i]).backward()
                 totals.add(terms, entropy)
-                if signal.logprobs:
-                    per_reply = lengths if self.adv_cfg.opd_center else None
-                    opd = opd_advantages(
-                        mb.teacher, prox, mb.opd_mask, self.adv_cfg.opd_clip, per_reply
-                    )
-                    totals.add_opd(mb, prox, self.adv_cfg.opd_weight * opd)
+                if signal.logprobs and opd is not None:
+                    totals.add_opd(mb, prox, opd)
             self.comm.sum_gradients(self.params)
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
             grad_norms.append(float(norm))

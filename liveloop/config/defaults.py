@@ -20,7 +20,8 @@ moving reward of 0.25 in all three, after 323 +- 80 turns; 'combine' in one of t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+
+from liveloop.config.base import Objective
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,7 @@ class ModelDefaults:
     reply_tokens: int  # completion budget of demo users and gate probes
     word_limits: tuple[int, ...]  # word limits of simulated users
     has_language: bool  # False for a random model: users then judge only their preference
-    demo_objective: Literal[
-        "rl", "opd", "combine"
-    ]  # the training objective `liveloop demo` runs unless told otherwise
+    demo_objective: Objective  # what `liveloop demo` trains with unless told otherwise
 
 
 BUILTIN: dict[str, ModelDefaults] = {

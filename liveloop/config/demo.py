@@ -1,12 +1,8 @@
 """Settings of `liveloop demo` and `liveloop eval`."""
 
-from typing import Literal
-
 from pydantic import Field
 
-from liveloop.config.base import Section
-
-Objective = Literal["rl", "opd", "combine"]
+from liveloop.config.base import Objective, Section
 
 
 class DemoConfig(Section):

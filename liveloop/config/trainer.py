@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from liveloop.config.base import Section
+from liveloop.config.base import Objective, Section
 from liveloop.config.gate import GateSettings
 from liveloop.config.opd import OPDSettings
 
@@ -26,7 +26,7 @@ class TrainerConfig(Section):
     """Decoupled PPO hyper-parameters and checkpoint publishing."""
 
     device: str = Field("cpu", description="Torch device for training.")
-    objective: Literal["rl", "opd", "combine"] = Field(
+    objective: Objective = Field(
         "rl",
         description=(
             "What each token's advantage is. 'rl': the judged score (against a baseline). "
