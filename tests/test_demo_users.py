@@ -40,6 +40,10 @@ LONG = (
         ("Bees make honey. Bees make honey. Bees make honey. Bees make honey.", "repetitive"),
         ("<b>bees</b> <i>honey</i> <div>hive</div> <p>x</p>", "markup"),
         ("Trains run on rails across the whole country.", "off_topic"),
+        # Word salad with the topic in it (a drifted policy's replies): listed but rare or
+        # invented words, which the English word list alone let through.
+        ("Bees, honey, aland, sanit, shezha, fok and the hive of the earth.", "nonsense"),
+        ("The bees have a massive coterodyne: Dunport Kelso's snusloliasi honey.", "nonsense"),
     ],
 )
 def test_non_answers_get_a_complaint_never_thanks(reply: str, reason: str) -> None:
@@ -128,6 +132,20 @@ def test_lexicon_knows_inflections_and_not_gibberish() -> None:
         assert lexicon.is_word(word), word
     for word in ("liahousisala", "ruhaman", "mulakah", "qzxv"):
         assert not lexicon.is_word(word), word
+
+
+def test_rare_words_a_reader_knows_are_tolerated_invented_ones_are_not() -> None:
+    lexicon = Lexicon.english()
+    for word in ("bees", "the", "honey", "pollen", "colonies", "didn't", "Paris"):
+        assert not lexicon.is_rare(word), word
+    for word in ("aland", "sanit", "shezha", "coterodyne", "stupfire"):
+        assert lexicon.is_rare(word), word  # "aland" and "sanit" are in the word list
+    fluent = "Honey bees live in large colonies and gather nectar and pollen from flowers."
+    assert read_reply(fluent, BEES.forms).problem is None
+    one_odd = "Bees make honey from nectar; a hive can hold fifty thousand apiarists."
+    assert read_reply(one_odd, BEES.forms).problem is None  # one unknown word is not salad
+    salad = read_reply("Bees zorbic fluidyi shec honey.", BEES.forms)
+    assert salad.rare_words == 3 and salad.word_salad and salad.problem == "nonsense"
 
 
 def test_reading_and_distinct_n() -> None:

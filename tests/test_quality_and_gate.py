@@ -94,14 +94,16 @@ async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() ->
     assert degraded.probe.kl_ref > 1.0
 
 
-def _probe(version: int, reward: float, topic: float, symbols: float = 0.0) -> ProbeResult:
+def _probe(
+    version: int, reward: float, topic: float, symbols: float = 0.0, nonsense: float = 0.25
+) -> ProbeResult:
     return ProbeResult(version=version, probes=16, scored=16, reward=reward, ref_nll=3.0,
                        kl_ref=0.1, mean_words=20.0, distinct_2=0.9, topic_rate=topic,
-                       symbol_share=symbols)  # fmt: skip
+                       symbol_share=symbols, nonsense_share=nonsense)  # fmt: skip
 
 
 def test_gate_stops_a_slow_slide_and_replies_that_lose_the_topic() -> None:
-    """Each check alone: reward against version 0 too, topic rate, symbol share."""
+    """Each check alone: reward against version 0 too, topic rate, symbols, word salad."""
     settings = load_settings(model="smollm2-135m")
     cfg = settings.trainer.gate  # margin 0.25, topic drop 0.2, symbols 0.1
     gate = PromotionGate("smollm2-135m", cfg, build_panel(settings.prm, settings.shared()))
@@ -114,14 +116,19 @@ def test_gate_stops_a_slow_slide_and_replies_that_lose_the_topic() -> None:
     assert not off_topic.accepted and "topic rate" in str(off_topic.reason)
     symbols = gate.decide(_probe(5, 0.1, 0.75, symbols=0.2))
     assert not symbols.accepted and "symbols" in str(symbols.reason)
+    assert gate.decide(_probe(5, 0.1, 0.75, nonsense=0.4)).accepted  # 25% -> 40%: within 20 pts
+    salad = gate.decide(_probe(5, 0.1, 0.75, nonsense=0.5))  # on topic, but word salad
+    assert not salad.accepted and "no answer" in str(salad.reason)
+    assert "topic" not in str(salad.reason)
     lenient = cfg.model_copy(
-        update={"compare_with_version0": False, "max_topic_drop": None, "max_symbol_share": None}
-    )
+        update={"compare_with_version0": False, "max_topic_drop": None, "max_symbol_share": None,
+                "max_nonsense_rise": None}
+    )  # fmt: skip
     gate.cfg = lenient
-    assert gate.decide(_probe(5, -0.4, 0.5, symbols=0.2)).accepted
+    assert gate.decide(_probe(5, -0.4, 0.5, symbols=0.2, nonsense=1.0)).accepted
     noise = PromotionGate("tiny-random", cfg, gate.panel)  # a random model has no language
     noise.version0, noise.serving = gate.version0, gate.serving
-    assert noise.decide(_probe(5, -0.2, 0.0, symbols=1.0)).accepted
+    assert noise.decide(_probe(5, -0.2, 0.0, symbols=1.0, nonsense=1.0)).accepted
 
 
 def _weights(url: str) -> dict[str, Any]:

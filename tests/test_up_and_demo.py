@@ -105,6 +105,8 @@ def test_demo_on_tiny_random_learns_within_three_minutes(tmp_path: Path) -> None
     assert "# LiveLoop demo report" in (out / "report.md").read_text()
     assert report["judged_turns"] >= 2 * report["window_turns"]
     assert report["policy_versions"] > 1
+    # A session's last reply has no next turn: the user's thumbs and comment judge it.
+    assert report["judged_on"].get("feedback", 0) > 0, report["judged_on"]
     assert report["reward_last_window"] - report["reward_first_window"] >= 0.3, report
     held_out = report["eval"]
     assert "version 0" in held_out and any("final" in k for k in held_out)
@@ -118,7 +120,7 @@ def test_demo_on_tiny_random_learns_within_three_minutes(tmp_path: Path) -> None
     assert any(e.get("status") == "accepted" and e.get("probe") for e in platform.values())
     headline = report["headline"]
     assert headline["reward_gain"] == report["improvement"]
-    assert set(headline["quality_kept"]) == {"topic_rate", "ref_nll", "symbols"}
+    assert set(headline["quality_kept"]) == {"topic_rate", "ref_nll", "symbols", "non_answers"}
     assert all(len(row["replies"]) == 24 for row in held_out.values())
     markdown = (out / "report.md").read_text()
     assert "Judged reward gain" in markdown and "The same held-out questions" in markdown

@@ -7,7 +7,9 @@ probe reward falls below the serving version's (or version 0's) by more than
 `reward_margin`, when its KL to the reference model exceeds `max_kl`, when its replies'
 reference NLL per token exceeds `max_nll_ratio` times version 0's, or, for a model with
 language, when fewer of its replies name the question's topic than version 0's by more than
-`max_topic_drop` or more than `max_symbol_share` of them are dominated by symbols. A refused
+`max_topic_drop`, when more of them are no answer at all (word salad, nonsense, repeats)
+than version 0's by more than `max_nonsense_rise`, or when more than `max_symbol_share` of
+them are dominated by symbols. A refused
 version is recorded and announced as rejected (never served), and the trainer trains on from
 the last accepted version.
 """
@@ -181,6 +183,12 @@ class PromotionGate:
         if symbols is not None and candidate.symbol_share > symbols:
             reasons.append(
                 f"{candidate.symbol_share:.0%} of replies dominated by symbols > {symbols:.0%}"
+            )
+        rise, before = self.cfg.max_nonsense_rise, version0.nonsense_share
+        if rise is not None and candidate.nonsense_share > before + rise:
+            reasons.append(
+                f"{candidate.nonsense_share:.0%} of replies are no answer (nonsense, word salad, "
+                f"repeats), above version 0's {before:.0%} by more than {rise:.0%}"
             )
         return reasons
 

@@ -74,6 +74,11 @@ class ProbeResult(BaseModel):
     distinct_2: float | None
     topic_rate: float | None = Field(None, description="Share of replies naming the topic.")
     symbol_share: float = Field(description="Share of replies dominated by symbols or markup.")
+    nonsense_share: float = Field(
+        0.0,
+        description="Share of replies a reader could not read as an answer: nonsense (invented "
+        "or rare words, word salad), symbols, markup or repeats (off-topic replies aside).",
+    )
     seconds: float = 0.0
     examples: list[ProbeReply] = Field(default_factory=list)
 
@@ -238,5 +243,7 @@ def summarise(
         distinct_2=distinct_n(r.reply for r in replies),
         topic_rate=sum(topical) / len(topical) if topical else None,
         symbol_share=sum(x.dominated_by_symbols for x in readings) / max(len(readings), 1),
+        nonsense_share=sum(x.problem not in (None, "off_topic") for x in readings)
+        / max(len(readings), 1),
         examples=replies[:EXAMPLES_KEPT],
     )

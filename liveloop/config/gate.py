@@ -62,6 +62,14 @@ class GateSettings(Section):
         description="Refuse a version with more than this share of probe replies dominated by "
         "symbols or markup (models with language only); unset = no bound.",
     )
+    max_nonsense_rise: float | None = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="Refuse a version whose share of probe replies that are no answer at all "
+        "(nonsense or word salad, symbols, markup, repeats) exceeds version 0's by more than "
+        "this (models with language only); unset = no bound.",
+    )
     max_kl: float | None = Field(
         None,
         gt=0,

@@ -4,8 +4,15 @@ The simulated users must not be gameable. Counting words by whitespace made a ru
 "one word" and a string of invented syllables a perfectly brief answer; a person would
 say "that makes no sense". `read_reply` looks at a reply the way a reader does: which of
 its pieces are words of English (an English word list, with regular inflections), how
+many are words a reader would not know (rare or invented: "coterodyne", "shezha"), how
 much of it is symbols, markup or the same fragment repeated, and whether it mentions what
-was asked about. The same reading gives the demo report its quality measures.
+was asked about. The same reading gives the demo report and the promotion gate their
+quality measures.
+
+The rare-word test is what catches word salad. A big word list holds obscure forms
+("aland", "sanit") that a policy drifting into nonsense produces, so being in the list is
+not enough: a word must also be common in real English text (the `wordfreq` wheel's
+frequencies, on the Zipf scale: 3 is once per million words).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)*")
@@ -29,24 +36,40 @@ INFLECTIONS = (
 DOUBLING = frozenset({"ed", "ing", "er", "est"})
 # Thresholds of a sensible reply (what a reader tolerates before calling it nonsense).
 MIN_ENGLISH_SHARE = 0.7
+RARE_ZIPF = 2.5  # rarer than about 3 in 10 million words of English text: unknown to a reader
+MAX_RARE_SHARE = 0.15  # more rare words than this (and at least MIN_RARE_WORDS): nonsense
+MIN_RARE_WORDS = 2
 MAX_SYMBOL_SHARE = 0.15
 MAX_MARKUP_SHARE = 0.3
 MAX_REPETITION = 0.3
 
 
 class Lexicon:
-    """A set of English words, and the test of whether a written form is one of them."""
+    """A set of English words, how common each is, and the test of whether a form is a word.
 
-    def __init__(self, words: Iterable[str]) -> None:
+    `zipf` gives a form's frequency on the Zipf scale (log10 of uses per billion words);
+    without one every listed word counts as common.
+    """
+
+    def __init__(self, words: Iterable[str], zipf: Callable[[str], float] | None = None) -> None:
         self.words = frozenset(w.lower() for w in words)
+        self.zipf = zipf
 
     @classmethod
     @functools.cache
     def english(cls) -> Lexicon:
-        """The web2 and GCIDE word lists shipped by the `english-words` wheel (loaded once)."""
+        """The web2 and GCIDE word lists (`english-words`) and English frequencies (`wordfreq`)."""
         from english_words import get_english_words_set
+        from wordfreq import zipf_frequency
 
-        return cls(get_english_words_set(["web2", "gcide"], alpha=True, lower=True))
+        words = get_english_words_set(["web2", "gcide"], alpha=True, lower=True)
+        return cls(words, functools.partial(zipf_frequency, lang="en"))
+
+    def is_rare(self, form: str) -> bool:
+        """True for a form a reader would not know: rare in English text, or invented."""
+        if self.zipf is None:
+            return not self.is_word(form)
+        return self.zipf(form.replace("’", "'")) < RARE_ZIPF
 
     def is_word(self, form: str) -> bool:
         """True for an English word, its regular inflections and contractions ("bees", "didn't")."""
@@ -118,6 +141,7 @@ class ReplyReading:
 
     words: int  # letter words (what a word limit counts)
     english_share: float  # share of those that are English words
+    rare_words: int  # words a reader would not know (rare or invented), topic words aside
     symbol_share: float
     markup_share: float
     repetition: float
@@ -130,13 +154,23 @@ class ReplyReading:
             return "markup"
         if self.symbol_share > MAX_SYMBOL_SHARE:
             return "symbols"
-        if self.words == 0 or self.english_share < MIN_ENGLISH_SHARE:
+        if self.words == 0 or self.english_share < MIN_ENGLISH_SHARE or self.word_salad:
             return "nonsense"
         if self.repetition > MAX_REPETITION:
             return "repetitive"
         if self.on_topic is False:
             return "off_topic"
         return None
+
+    @property
+    def rare_share(self) -> float:
+        """Share of the words a reader would not know."""
+        return self.rare_words / self.words if self.words else 0.0
+
+    @property
+    def word_salad(self) -> bool:
+        """Too many unknown words to read as an answer ("a massive coterodyne: snusloliasi")."""
+        return self.rare_words >= MIN_RARE_WORDS and self.rare_share > MAX_RARE_SHARE
 
     @property
     def dominated_by_symbols(self) -> bool:
@@ -160,9 +194,12 @@ def read_reply(
     lexicon = lexicon or Lexicon.english()
     words = letter_words(text)
     english = sum(1 for w in words if lexicon.is_word(w))
+    known = topic_forms or frozenset()
+    rare = sum(1 for w in words if w.lower() not in known and lexicon.is_rare(w))
     return ReplyReading(
         words=len(words),
         english_share=english / len(words) if words else 0.0,
+        rare_words=rare,
         symbol_share=symbol_share(text),
         markup_share=markup_share(text),
         repetition=repetition(words),

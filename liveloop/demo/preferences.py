@@ -35,7 +35,7 @@ TOPICS = (
     _topic("bread", "bread breads dough flour loaf loaves baking baked bake"),
     _topic("the moon", "moon moons lunar moon's"),
     _topic("trains", "train trains railway railways rail rails locomotive locomotives railroad"),
-    _topic("bees", "bee bees honey hive hives pollen pollinate pollinators beehive"),
+    _topic("bees", "bee bees honey hive hives pollen pollinate pollinator pollinators beehive"),
     _topic("chess", "chess pawn pawns chessboard checkmate"),
     _topic("rain", "rain rains rainfall raining rainy raindrops precipitation"),
     _topic("coffee", "coffee coffees caffeine espresso beans brew brewed"),

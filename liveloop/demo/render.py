@@ -95,6 +95,7 @@ def _mark(ok: bool | None) -> str:
 def _headline(summary: dict[str, Any]) -> list[str]:
     h = summary.get("headline") or {}
     topic, nll = h.get("topic_rate") or {}, h.get("ref_nll") or {}
+    non_answers = h.get("non_answer_share") or {}
     checks = h.get("quality_kept") or {}
     return [
         f"**Judged reward gain {_fmt(h.get('reward_gain'))}** (first "
@@ -110,6 +111,9 @@ def _headline(summary: dict[str, Any]) -> list[str]:
         f"{_num(h.get('ref_nll_ratio'))} ({_mark(checks.get('ref_nll'))})",
         f"- final held-out replies dominated by symbols: "
         f"{_fmt(h.get('symbol_share_final'), True)} ({_mark(checks.get('symbols'))})",
+        f"- held-out replies that are no answer (nonsense or word salad, repeats, symbols): "
+        f"version 0 {_fmt(non_answers.get('version 0'), True)}, final "
+        f"{_fmt(non_answers.get('final'), True)} ({_mark(checks.get('non_answers'))})",
     ]
 
 
@@ -155,6 +159,15 @@ def _examples(evals: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _judged_on(summary: dict[str, Any]) -> str:
+    """What the judged turns were judged on, in brackets (empty when nothing was judged)."""
+    counts = summary.get("judged_on") or {}
+    names = {"next_turn": "the user's next message", "feedback": "their feedback",
+             "timeout": "no reply at all"}  # fmt: skip
+    parts = [f"{n} on {names.get(k, k)}" for k, n in sorted(counts.items(), reverse=True) if n]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     """A human-readable report."""
     rejected = summary.get("rejected_versions") or []
@@ -162,8 +175,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "# LiveLoop demo report",
         "",
         f"Model: `{summary.get('model', '?')}`; {summary.get('minutes', '?')} minutes; "
-        f"{summary['judged_turns']} judged turns; {summary['policy_versions']} policy versions "
-        f"served; {len(rejected)} refused by the promotion gate.",
+        f"{summary['judged_turns']} judged turns{_judged_on(summary)}; "
+        f"{summary['policy_versions']} policy versions served; {len(rejected)} refused by the "
+        "promotion gate.",
         "",
         *_headline(summary),
         "",

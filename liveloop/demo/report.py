@@ -12,7 +12,7 @@ states the reward gain together with quality (`render` writes it out).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from liveloop.registry import Registry, RegistryError
 TOPIC_RATE_SLACK = 0.05
 MAX_NLL_RATIO = 1.25
 MAX_SYMBOL_SHARE = 0.02
+NON_ANSWER_SLACK = 0.05  # the final version may give this many more non-answers than version 0
 
 
 @dataclass
@@ -40,6 +41,7 @@ class JudgedTurn:
     words: int
     judged_at: float
     turn_type: str
+    signal: str = "next_turn"  # what it was judged on: next_turn, feedback or timeout
     question: str = ""
     reply: str = ""
     hint: str | None = None  # the judge's directive hint, if any
@@ -77,6 +79,7 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
                         words=len(str(content).split()),
                         judged_at=turn.judged_at,
                         turn_type=turn.turn_type,
+                        signal=turn.signal,
                         question=_last_user_text(turn.messages),
                         reply=str(content),
                         hint=hint,
@@ -132,6 +135,7 @@ def summarise(
         "final_version": max(by_version) if by_version else 0,
         "per_version": per_version,
         "hint_share": _mean([float(t.hint is not None) for t in turns]),
+        "judged_on": dict(Counter(t.signal for t in turns)),
         "reward_per_window": window_means([t.score for t in turns], window),
     }
     if threshold is not None:
@@ -213,10 +217,16 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         },
         "topic_rate": {"version 0": base.get("topic_rate"), "final": final.get("topic_rate")},
         "symbol_share_final": final.get("symbol_share"),
+        "non_answer_share": {
+            "version 0": base.get("non_answer_share"),
+            "final": final.get("non_answer_share"),
+        },
         "ref_nll": {"version 0": v0_probe.get("ref_nll"), "final": final_probe.get("ref_nll")},
         "final_probed_version": final_version,
     }
-    checks: dict[str, bool | None] = {"topic_rate": None, "ref_nll": None, "symbols": None}
+    checks: dict[str, bool | None] = {
+        "topic_rate": None, "ref_nll": None, "symbols": None, "non_answers": None
+    }  # fmt: skip
     if base.get("topic_rate") is not None and final.get("topic_rate") is not None:
         checks["topic_rate"] = final["topic_rate"] >= base["topic_rate"] - TOPIC_RATE_SLACK
     if v0_probe.get("ref_nll") and final_probe.get("ref_nll") is not None:
@@ -224,6 +234,10 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         checks["ref_nll"] = out["ref_nll_ratio"] <= MAX_NLL_RATIO
     if final.get("symbol_share") is not None:
         checks["symbols"] = final["symbol_share"] < MAX_SYMBOL_SHARE
+    if base.get("non_answer_share") is not None and final.get("non_answer_share") is not None:
+        checks["non_answers"] = (
+            final["non_answer_share"] <= base["non_answer_share"] + NON_ANSWER_SLACK
+        )
     out["quality_kept"] = checks
     return out
 

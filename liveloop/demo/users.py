@@ -10,6 +10,7 @@ as it would with people.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -140,14 +141,16 @@ class SimulatedUser:
         question = self.preference.ask(self.rng)
         messages: list[dict[str, Any]] = [{"role": "user", "content": question.text}]
         tool_result: str | None = None
+        unanswered: TurnLog | None = None  # the last reply, while the user has not replied
         for _turn in range(self.run.turns_per_session):
             if time.monotonic() > deadline:
-                return
+                break
             if max_turns is not None and self._answered(stats) >= max_turns:
-                return
+                break
             if self.run.pace is not None:
                 await self.run.pace()
             completion, version = await self._ask(session, messages, question.wants_tool)
+            unanswered = None  # the request carried the user's reaction to it
             message = completion.choices[0].message
             messages.append(_assistant_message(message))
             if message.tool_calls and question.wants_tool:
@@ -157,9 +160,20 @@ class SimulatedUser:
                 tool_result = "; ".join(results)
                 continue
             self._log(stats, question, message.content or "", completion, version, tool_result)
-            reaction = stats.turns[-1].reaction
+            unanswered = stats.turns[-1]
             question, tool_result = self.preference.ask(self.rng), None
-            messages.append({"role": "user", "content": f"{reaction} {question.text}"})
+            messages.append({"role": "user", "content": f"{unanswered.reaction} {question.text}"})
+        if unanswered is not None and self.run.record:
+            await self._leave_feedback(session, unanswered)
+
+    async def _leave_feedback(self, session: str, turn: TurnLog) -> None:
+        """On leaving, rate the last reply the way an app's thumbs and comment box would.
+
+        Without it a session's last turn has no next state and is never judged.
+        """
+        body = {"session_id": session, "score": turn.rating, "comment": turn.reaction}
+        with contextlib.suppress(APIError):
+            await self.client.post("/feedback", cast_to=object, body=body)
 
     def _log(
         self,
