@@ -4,7 +4,8 @@ A user asks questions and reacts to each answer in natural language ("that makes
 sense", "too long, please be brief", "thanks, that's exactly it"), the way a person would
 (`liveloop.demo.preferences`). The preference itself never reaches the model: it only sees
 the conversation. The judging loop infers the reward from the user's next message exactly
-as it would with people.
+as it would with people; a session's last reply, which no message follows, gets the
+thumbs and comment the user leaves on the way out (`POST /v1/feedback`).
 """
 
 from __future__ import annotations
