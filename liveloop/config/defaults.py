@@ -12,7 +12,9 @@ learning rate 5e-5) 'rl' had all 11 versions accepted by the promotion gate, whi
 and had most versions refused, with the teacher being the policy or the reference and
 with OPD advantages centred or not. A 135M model reading "please be brief" as an extra
 message does not become a better teacher, so smollm2's demo learns from the reward alone;
-`--objective combine` still runs it. tiny-random has no language to lose and keeps
+`--objective combine` still runs it. Three seeds later (160 judged turns, threshold -0.4)
+said the same: 'rl' reached it in 2 of 3 seeds, 'combine' in 1 of 3, with held-out topic
+rates of 62-71% against 33-62%. tiny-random has no language to lose and keeps
 'combine', though there too 'rl' learned faster (3 seeds, 400 judged turns: 'rl' reached a
 moving reward of 0.25 in all three, after 323 +- 80 turns; 'combine' in one of three).
 """
