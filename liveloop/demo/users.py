@@ -170,9 +170,13 @@ class SimulatedUser:
     async def _leave_feedback(self, session: str, turn: TurnLog) -> None:
         """On leaving, rate the last reply the way an app's thumbs and comment box would.
 
-        Without it a session's last turn has no next state and is never judged.
+        Without it a session's last turn has no next state and is never judged. Like people,
+        a pleased user leaves a thumb and no comment; the others say what was wrong (the
+        comment becomes the turn's directive hint).
         """
-        body = {"session_id": session, "score": turn.rating, "comment": turn.reaction}
+        body: dict[str, Any] = {"session_id": session, "score": turn.rating}
+        if turn.rating < 1.0:
+            body["comment"] = turn.reaction
         with contextlib.suppress(APIError):
             await self.client.post("/feedback", cast_to=object, body=body)
 
