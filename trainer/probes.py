@@ -243,7 +243,6 @@ def summarise(
         distinct_2=distinct_n(r.reply for r in replies),
         topic_rate=sum(topical) / len(topical) if topical else None,
         symbol_share=sum(x.dominated_by_symbols for x in readings) / max(len(readings), 1),
-        nonsense_share=sum(x.problem not in (None, "off_topic") for x in readings)
-        / max(len(readings), 1),
+        nonsense_share=sum(x.no_answer for x in readings) / max(len(readings), 1),
         examples=replies[:EXAMPLES_KEPT],
     )

@@ -163,6 +163,12 @@ class ReplyReading:
         return None
 
     @property
+    def no_answer(self) -> bool:
+        """Not an answer at all (nonsense, word salad, symbols, markup, repeats); off-topic
+        replies are answers, to the wrong question."""
+        return self.problem not in (None, "off_topic")
+
+    @property
     def rare_share(self) -> float:
         """Share of the words a reader would not know."""
         return self.rare_words / self.words if self.words else 0.0

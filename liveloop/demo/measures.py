@@ -37,9 +37,7 @@ def reply_quality(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
     return {
         "topic_rate": _share(topical),
         "symbol_share": _share([r.dominated_by_symbols for r in readings]),
-        "non_answer_share": _share(
-            [r.problem not in (None, "off_topic") for r in readings if r.words or r.symbol_share]
-        ),
+        "non_answer_share": _share([r.no_answer for r in readings if r.words or r.symbol_share]),
         "mean_words": sum(r.words for r in readings) / len(readings) if readings else None,
         "distinct_2": distinct_n(reply for _q, reply in pairs),
     }
