@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from liveloop.contracts import BatchSample, SampleHint, ScoredTurn
+from liveloop.samples import min_version
 
 GROUP_STD_EPS = 1e-6
 
@@ -40,6 +41,11 @@ class PendingSample:
     def tokens(self) -> int:
         """Prompt + completion tokens."""
         return self.turn.num_tokens
+
+    @property
+    def oldest_version(self) -> int:
+        """The version of the turn's oldest token (what staleness is measured by)."""
+        return min_version(self.turn)
 
     @property
     def main_version(self) -> int:

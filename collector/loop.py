@@ -3,7 +3,10 @@
 Each step reads `liveloop:scored` (consumer group `collector`), rejects turns that cannot be
 trained on (side turns, empty or malformed ones, turns more than `max_staleness` versions
 behind the trainer), holds the rest in their prompt group for `group_wait_s`, assigns
-advantages when a group closes, and packs ready turns into batches. A turn's stream entry
+advantages when a group closes, and packs ready turns into batches. At most
+`max_queued_batches` wait for the trainer: while that many do, ready turns are held, and the
+next batch is packed from the freshest of them, so a trainer slower than the traffic always
+trains on fresh batches. A turn's stream entry
 is acknowledged only once the batch holding it is published (or once it is rejected), so a
 crash loses nothing: the collector's pending entries come back to it on restart, and the
 batch writer refuses turns that were already published. Nothing here waits on the server
@@ -86,6 +89,7 @@ class Collector:
         self._held_keys: set[str] = set()
         self._stop = threading.Event()
         self._started = False
+        self._kept_alive_at = time.monotonic()
 
     def stop(self) -> None:
         """Finish after the current step; held turns stay pending and come back on restart."""
@@ -140,8 +144,13 @@ class Collector:
         """Read what arrived, close due groups, publish the batches that are ready."""
         if block_ms is None:
             block_ms = BUSY_BLOCK_MS if self.held else IDLE_BLOCK_MS
-        entries = await self.consumer.read(block_ms=block_ms)
+        if len(self.held) < self.cfg.max_held_turns:
+            entries = await self.consumer.read(block_ms=block_ms)
+        else:  # hold no more: new turns wait in Redis until some are published or dropped
+            entries = []
+            await asyncio.sleep(block_ms / 1000)
         now = time.monotonic()
+        await self._keep_held(now)
         await self._intake(entries, now)
         moved: set[str] = set()
         for group in self.groups.pop_closed(now):
@@ -209,9 +218,29 @@ class Collector:
             await self._release(stale)
             gone = {p.entry_id for p in stale}
             self.ready = [p for p in self.ready if p.entry_id not in gone]
-        ship, self.ready = self.policy.split(self.ready, now)
+        room = await self._room()
+        if not self.ready or room == 0:
+            return
+        ship, self.ready = self.policy.split(self.ready, now, room)
         for b in ship:
             await self._publish(b, version, now)
+
+    async def _room(self) -> int | None:
+        """How many batches may be published now: `max_queued_batches` minus those the
+        trainer has not read yet (None: no bound)."""
+        limit = self.cfg.max_queued_batches
+        if limit is None:
+            return None
+        waiting = await self.writer.waiting()
+        self.metrics.queued_batches.set(waiting)
+        return max(limit - waiting, 0)
+
+    async def _keep_held(self, now: float) -> None:
+        """Turns may be held for a while (the trainer's queue is full): keep their entries
+        from looking idle, so that no other collector reclaims them meanwhile."""
+        if self.held and now - self._kept_alive_at >= self.cfg.claim_idle_ms / 4000:
+            self._kept_alive_at = now
+            await self.consumer.keep_alive()
 
     async def _publish(self, b: Bin, version: int, now: float) -> None:
         result = await self.writer.write([p.to_batch_sample() for p in b.samples], version)

@@ -63,6 +63,11 @@ class CollectorMetrics:
             "Turns waiting in groups or for a batch.",
             registry=r,
         )
+        self.queued_batches = Gauge(
+            "liveloop_collector_queued_batches",
+            "Published batches the trainer has not read yet, as last seen before publishing.",
+            registry=r,
+        )
         self.trainer_version = Gauge(
             "liveloop_collector_trainer_version",
             "Trainer version staleness is bounded against.",

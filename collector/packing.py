@@ -4,7 +4,8 @@ Turns are packed first-fit decreasing (`liveloop.samples.first_fit_decreasing`: 
 first, each into the first batch with room; a turn longer than the whole budget gets a
 batch of its own). A batch
 ships when it holds `min_turns` turns, or `min_fill` of the budget, or when its oldest
-turn has waited `max_wait_s`; the others go back to wait for more turns.
+turn has waited `max_wait_s`; the others go back to wait for more turns. When only a few
+batches may ship (the trainer's queue is bounded), they are packed from the freshest turns.
 """
 
 from __future__ import annotations
@@ -66,14 +67,38 @@ class FlushPolicy:
         return now - min(p.arrived_at for p in samples) >= self.max_wait_s
 
     def split(
-        self, samples: Sequence[PendingSample], now: float
+        self, samples: Sequence[PendingSample], now: float, limit: int | None = None
     ) -> tuple[list[Bin], list[PendingSample]]:
-        """(batches to ship now, samples to keep waiting)."""
-        ship: list[Bin] = []
+        """(batches to ship now, samples to keep waiting).
+
+        With a `limit`, at most that many batches ship, packed from the freshest turns
+        (`freshest_first`); the others keep waiting.
+        """
         keep: list[PendingSample] = []
+        if limit is not None:
+            samples, keep = self._freshest(samples, limit)
+        ship: list[Bin] = []
         for b in first_fit(samples, self.token_budget):
-            if self.ready(b, now):
+            if self.ready(b, now) and (limit is None or len(ship) < limit):
                 ship.append(b)
             else:
                 keep.extend(b.samples)
         return ship, keep
+
+    def _freshest(
+        self, samples: Sequence[PendingSample], limit: int
+    ) -> tuple[list[PendingSample], list[PendingSample]]:
+        """(the freshest turns that fill `limit` batches' token budgets, the rest)."""
+        ordered = freshest_first(samples)
+        room = limit * self.token_budget
+        taken = 0
+        for i, p in enumerate(ordered):
+            if i > 0 and taken + p.tokens > room:
+                return ordered[:i], ordered[i:]
+            taken += p.tokens
+        return ordered, []
+
+
+def freshest_first(samples: Sequence[PendingSample]) -> list[PendingSample]:
+    """Newest oldest-token version first (the least stale), then the latest arrival."""
+    return sorted(samples, key=lambda p: (p.oldest_version, p.arrived_at), reverse=True)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 import redis.asyncio as aredis
 
 from liveloop import bus
@@ -61,6 +62,20 @@ class BatchWriter:
             return set()
         scores = await self.client.zmscore(self.members_key, list(keys))
         return {k for k, s in zip(keys, scores, strict=True) if s is not None}
+
+    async def waiting(self) -> int:
+        """Published batches the trainer has not read yet (all of them before its group
+        exists: a new group reads the stream from its start)."""
+        try:
+            groups = await self.client.xinfo_groups(self.stream)
+        except redis.ResponseError:  # no stream yet
+            return 0
+        for g in groups:
+            if g["name"] == bus.TRAINER_GROUP:
+                # Redis cannot count the lag when entries were deleted mid-range; entries are
+                # deleted only after they were read, so that case is taken as none waiting.
+                return int(g.get("lag") or 0)
+        return int(await self.client.xlen(self.stream))
 
     def _spill(self, batch: TrainingBatch) -> Path:
         """Write the samples to a file (atomically); returns its path relative to the data dir."""

@@ -15,12 +15,14 @@ from liveloop.collector.loop import Collector
 from liveloop.collector.packing import FlushPolicy, first_fit
 from liveloop.collector.writer import BatchWriter
 from liveloop.config import ConfigError
-from liveloop.contracts import TrainingBatch
+from liveloop.contracts import ScoredTurn, TrainingBatch
 from liveloop.trainer.source import load_batch_file
 from tests.conftest import wait_for
 from tests.test_collector_support import announce, publish_turns, scored_turn, settings_for
 
-FAST = {"group_wait_s": 0.0, "min_turns": 1, "max_wait_s": 0.05}
+# No trainer reads the batches here: the bound on batches waiting for it is lifted, except
+# in the test of that bound.
+FAST = {"group_wait_s": 0.0, "min_turns": 1, "max_wait_s": 0.05, "max_queued_batches": None}
 
 
 async def batches(client: aredis.Redis) -> list[TrainingBatch]:
@@ -169,6 +171,62 @@ def test_sorted_first_fit_packing_and_flush_policy() -> None:
     assert len(ship) == 1 and keep == []  # the oldest waited max_wait_s
     ship, _ = policy.split([pending(60, "full")], now=0.0)
     assert len(ship) == 1  # over min_fill of the budget
+    # With a limit, that many batches ship at most, packed from the freshest turns.
+    old = PendingSample("id-old", scored_turn("old", prompt_len=9, versions=[1]), 5.0)
+    new = [PendingSample(f"id-{k}", scored_turn(k, prompt_len=9, versions=[3]), 0.0) for k in "ab"]
+    ship, keep = FlushPolicy(20, 1, 0.5, 10.0).split([old, *new], now=6.0, limit=1)
+    assert [sorted(p.key for p in b.samples) for b in ship] == [["a:0:0", "b:0:0"]]
+    assert keep == [old]
+
+
+async def trainer_takes_a_batch(client: aredis.Redis) -> None:
+    """Read one batch in the trainer's group, as the trainer does before an update."""
+    await client.xreadgroup(bus.TRAINER_GROUP, "t1", {"liveloop:batches": ">"}, count=1)
+
+
+async def test_a_full_trainer_queue_holds_turns_and_the_freshest_ship_next(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """A trainer slower than the traffic gets fresh batches, not a stale backlog."""
+    await aredis_client.xgroup_create("liveloop:batches", bus.TRAINER_GROUP, id="0", mkstream=True)
+    await announce(aredis_client, 2)
+    collector = await make_collector(
+        aredis_client, redis_url, data_dir, max_queued_batches=1, min_turns=2, token_budget=64,
+        min_fill=1.0,
+    )  # fmt: skip
+
+    def turn(key: str, version: int) -> ScoredTurn:  # 20 tokens: three fill a batch
+        return scored_turn(key, prompt_len=6, versions=[version] * 14)
+
+    await publish_turns(aredis_client, [turn("first1", 2), turn("first2", 2)])
+    await run_steps(collector)
+    assert [len(b.samples or []) for b in await batches(aredis_client)] == [2]
+    # The trainer has not read it: what arrives now is held, the older turns first in line.
+    await publish_turns(aredis_client, [turn("old1", 0), turn("old2", 0)])
+    await publish_turns(aredis_client, [turn(f"new{i}", 2) for i in range(3)])
+    await run_steps(collector)
+    assert len(await batches(aredis_client)) == 1
+    assert collector.metrics.queued_batches._value.get() == 1
+    assert len(collector.held) == 5
+    # The trainer takes the batch: the next one holds the three freshest turns.
+    await trainer_takes_a_batch(aredis_client)
+    await run_steps(collector)
+    got = await batches(aredis_client)
+    assert [sorted(s.key for s in b.samples or []) for b in got[1:]] == [
+        ["new0:0:0", "new1:0:0", "new2:0:0"]
+    ]
+    # The trainer moves on to v5: the held turns of v0 are now too stale and are dropped.
+    await announce(aredis_client, 5)
+    assert await collector.versions.current(force=True) == 5
+    await trainer_takes_a_batch(aredis_client)
+
+    async def dropped_stale() -> bool:
+        await run_steps(collector, 1)
+        return bool(collector.metrics.dropped.labels("stale")._value.get() == 2)
+
+    await wait_for(dropped_stale, 5, what="held v0 turns dropped as stale")
+    assert len(await batches(aredis_client)) == 2
+    assert not collector.held and await collector.consumer.lag() == (0, 0)
 
 
 async def test_packs_by_token_budget(

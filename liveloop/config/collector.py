@@ -30,6 +30,25 @@ class CollectorConfig(Section):
     max_wait_s: float = Field(
         20.0, gt=0, description="Flush a non-empty batch after this many seconds anyway."
     )
+    max_queued_batches: int | None = Field(
+        1,
+        ge=1,
+        description=(
+            "Most published batches waiting for the trainer. While this many wait, ready "
+            "turns are held (those that grow stale are dropped) and the next batch is packed "
+            "from the freshest of them once the trainer takes one, so a trainer slower than "
+            "the traffic trains on full, fresh batches instead of working through a stale "
+            "backlog. Unset: no bound (every ready batch is published at once)."
+        ),
+    )
+    max_held_turns: int = Field(
+        8192,
+        ge=1,
+        description=(
+            "Most turns held in memory; beyond it no new scored turns are read until some "
+            "are published or dropped (the rest wait in Redis)."
+        ),
+    )
     group_wait_s: float = Field(
         1.0,
         ge=0,
