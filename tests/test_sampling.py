@@ -63,3 +63,38 @@ def test_greedy_mixed_with_sampled_and_raw_logprobs() -> None:
     for row, sampled in enumerate(out):
         assert not isinstance(sampled, Exception)
         assert math.isclose(sampled.logprob, float(raw[row, sampled.token_id]), rel_tol=1e-5)
+
+
+class OnlyTokens:
+    """A grammar hook that allows a fixed set of tokens."""
+
+    def __init__(self, allowed: list[int]) -> None:
+        self.allowed = allowed
+
+    def allowed_token_mask(self, vocab_size: int) -> torch.Tensor:
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        mask[self.allowed] = True
+        return mask
+
+    def accept_token(self, token_id: int) -> None:
+        pass
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("temperature", [1e-308, 1e-45, 1e-6])
+def test_a_tiny_temperature_picks_the_best_allowed_token(temperature: float) -> None:
+    """Found by the schema fuzzer: logits / 1e-308 are +-inf, and their softmax was NaN,
+    so a grammar-constrained request failed with a 503."""
+    logits = torch.randn(2, 40, generator=seeded(4)) * 5
+    allowed = [3, 17, 29]
+    params = [
+        SamplingParams(max_tokens=1, temperature=temperature, constraint=OnlyTokens(allowed)),
+        SamplingParams(max_tokens=1, temperature=temperature),
+    ]
+    out = sample_batch(logits, params, [None, None])
+    assert not isinstance(out[0], Exception) and not isinstance(out[1], Exception)
+    best_allowed = allowed[int(logits[0, allowed].argmax())]
+    assert out[0].token_id == best_allowed
+    assert out[1].token_id == int(logits[1].argmax())

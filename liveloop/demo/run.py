@@ -55,9 +55,9 @@ log = logging.getLogger(__name__)
 # `liveloop.config.defaults`). The user's own environment or TOML still wins over them.
 DEMO_ENV: dict[str, dict[str, str]] = {
     "tiny-random": {"LIVELOOP_TRAINER__LR": "2e-2"},
-    # smollm2, 15-minute runs (one each): 1e-4 gained +0.48 with quality kept; 2e-4 gained
-    # +0.34 and a quarter of its last versions' replies were nonsense (5e-5, before batches
-    # were packed from the freshest turns: +0.23).
+    # smollm2, 15-minute runs: 1e-4 gained +0.48 and +0.00 in two runs (+0.52 with batches
+    # of 2048 tokens); 2e-4 gained +0.34 with a quarter of its last versions' replies
+    # nonsense; 5e-5, before batches were packed from the freshest turns: +0.23.
     "smollm2-135m": {"LIVELOOP_TRAINER__LR": "1e-4", "LIVELOOP_COLLECTOR__MAX_WAIT_S": "45"},
 }
 COMMON_ENV = {

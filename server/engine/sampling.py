@@ -25,6 +25,12 @@ class Sampled:
     top_logprobs: list[tuple[int, float]]
 
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample the argmax, as 0 does: divided by a float32 temperature
+that small (1e-308 is a valid request, and is 0 in float32) the logits overflow, and their
+softmax is NaN."""
+
+
 def nucleus_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero the tail of `probs` outside the smallest set whose mass reaches `top_p`."""
     sorted_probs, order = probs.sort(descending=True)
@@ -123,12 +129,13 @@ def choose_tokens(
     generators: list[torch.Generator | None],
     failed: dict[int, Exception],
 ) -> list[int]:
-    """Each healthy row's token: argmax at temperature 0, else a temperature/top-p draw."""
+    """Each healthy row's token: argmax at temperature 0 (or below `GREEDY_BELOW`), else a
+    temperature/top-p draw."""
     shaped = _constraint_masks(logits, params, failed)
     tokens = [0] * len(params)
     healthy = [i for i in range(len(params)) if i not in failed]
-    greedy = [i for i in healthy if params[i].temperature == 0]
-    sampled = [i for i in healthy if params[i].temperature != 0]
+    greedy = [i for i in healthy if params[i].temperature < GREEDY_BELOW]
+    sampled = [i for i in healthy if params[i].temperature >= GREEDY_BELOW]
     if greedy:
         rows = shaped if len(greedy) == len(params) else shaped[greedy]
         for i, token in zip(greedy, rows.argmax(dim=-1).tolist(), strict=True):
