@@ -115,8 +115,10 @@ class Watcher(threading.Thread):
                 self._seen.add(path.name)
                 self.last_batch = path
                 self._freeze("batch")
-                try:
-                    shutil.copy(path, self.archive / path.name)
+                try:  # whole or not at all: a killer may read the copy at once
+                    part = self.archive / f"{path.name}.part"
+                    shutil.copy(path, part)
+                    part.replace(self.archive / path.name)
                 except OSError:
                     self._seen.discard(path.name)  # half-renamed: try again
             time.sleep(0.002)
