@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
 import redis.asyncio as aredis
 
 from liveloop import bus
 from liveloop.bus import keys
+from liveloop.bus.consumer import group_info
 from liveloop.contracts import BatchSample, TrainingBatch
 
 BATCHES_SUBDIR = "batches"
@@ -66,16 +66,12 @@ class BatchWriter:
     async def waiting(self) -> int:
         """Published batches the trainer has not read yet (all of them before its group
         exists: a new group reads the stream from its start)."""
-        try:
-            groups = await self.client.xinfo_groups(self.stream)
-        except redis.ResponseError:  # no stream yet
-            return 0
-        for g in groups:
-            if g["name"] == bus.TRAINER_GROUP:
-                # Redis cannot count the lag when entries were deleted mid-range; entries are
-                # deleted only after they were read, so that case is taken as none waiting.
-                return int(g.get("lag") or 0)
-        return int(await self.client.xlen(self.stream))
+        info = await group_info(self.client, self.stream, bus.TRAINER_GROUP)
+        if info is not None:
+            # Redis cannot count the lag when entries were deleted mid-range; entries are
+            # deleted only after they were read, so that case is taken as none waiting.
+            return int(info.get("lag") or 0)
+        return int(await self.client.xlen(self.stream))  # 0 when there is no stream yet
 
     def _spill(self, batch: TrainingBatch) -> Path:
         """Write the samples to a file (atomically); returns its path relative to the data dir."""

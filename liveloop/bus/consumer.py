@@ -237,11 +237,23 @@ class StreamConsumer:
 
     async def lag(self) -> tuple[int, int]:
         """(entries not yet delivered to the group, entries pending acknowledgement)."""
-        try:
-            groups = await self.client.xinfo_groups(self.stream)
-        except redis.ResponseError:  # no such stream (yet, or any more)
+        info = await group_info(self.client, self.stream, self.group)
+        if info is None:
             return 0, 0
-        for g in groups:
-            if g["name"] == self.group:
-                return int(g.get("lag") or 0), int(g.get("pending") or 0)
-        return 0, 0
+        return int(info.get("lag") or 0), int(info.get("pending") or 0)
+
+
+async def group_info(client: aredis.Redis, stream: str, group: str) -> dict[str, Any] | None:
+    """XINFO GROUPS of `stream` for `group`, or None when the stream or group does not exist.
+
+    Its `lag` (entries not yet delivered) is None when Redis cannot count it (entries were
+    deleted mid-range).
+    """
+    try:
+        groups = await client.xinfo_groups(stream)
+    except redis.ResponseError:  # no such stream (yet, or any more)
+        return None
+    for g in groups:
+        if g["name"] == group:
+            return dict(g)
+    return None
