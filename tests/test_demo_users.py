@@ -20,6 +20,7 @@ from liveloop.demo.preferences import (
 from liveloop.prm.judges.rules import RulesJudge
 
 BEES = next(t for t in TOPICS if t.name == "bees")
+BREAD = next(t for t in TOPICS if t.name == "bread")
 ASK_BEES = Question("Tell me about bees.", topic=BEES)
 ON_TOPIC_SHORT = "Bees are insects that make honey."
 LONG = (
@@ -52,6 +53,35 @@ def test_non_answers_get_a_complaint_never_thanks(reply: str, reason: str) -> No
         reaction = person.react(ASK_BEES, reply, rng)
         assert reaction.rating == -1.0 and reaction.reason == reason, (person, reaction)
         assert not any(word in reaction.text.lower() for word in ("thank", "perfect", "great"))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "Bread.  30 words.",  # the topic and an echo of a word limit (a policy found this)
+        "Bees. Short answer.",
+        "Bees, honey, hive, pollen.",  # only the topic's own words
+        "Bees are good.",  # two content words
+        "Bees are like meetitoun.",  # an invented word says nothing
+    ],
+)
+def test_an_answer_that_names_the_topic_but_says_nothing_is_not_thanked(reply: str) -> None:
+    question = ASK_BEES if "ead" not in reply else Question("Why do people like bread?", BREAD)
+    for person in (WordLimit(30), Opening(30), OneSentence(30)):
+        reaction = person.react(question, reply, random.Random(2))
+        assert (reaction.rating, reaction.reason) == (-1.0, "thin"), (person, reaction)
+        assert not read_reply(reply, question.topic.forms if question.topic else None).no_answer
+
+
+def test_short_answers_that_say_something_still_please() -> None:
+    for reply in ("Bees make honey from nectar.", "Bees are insects that pollinate flowers."):
+        assert WordLimit(10).react(ASK_BEES, reply, random.Random(0)).rating == 1.0, reply
+    owls = next(t for t in TOPICS if t.name == "owls")
+    owl_fact = "Owls hunt at night."
+    assert (
+        WordLimit(8).react(Question("Tell me about owls.", owls), owl_fact, random.Random(0)).rating
+        == 1.0
+    )
 
 
 def test_a_short_real_answer_on_topic_pleases_a_word_limit_user() -> None:

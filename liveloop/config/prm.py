@@ -26,6 +26,9 @@ DEFAULT_CORRECTIONS = [
     r"\bcan'?t understand\b",
     r"\b(?:you )?(?:didn'?t|did not|don'?t|do not) answer\b",
     r"\bnot an answer\b",
+    r"\bnot (?:much of|really) an answer\b",
+    r"\b(?:doesn'?t|does not|didn'?t|did not) (?:tell|say) (?:me )?anything\b",
+    r"\bsays? nothing\b",
     r"\bstay on (?:the )?topic\b",
     r"\boff[- ]topic\b",
     r"\brepeating yourself\b",
@@ -60,6 +63,7 @@ DEFAULT_DIRECTIVES = [
     r"\bno markup\b",
     r"\bstay on (?:the )?topic\b",
     r"\bi asked about\b",
+    r"\b(?:tell me|say) (?:something|more) about\b",
 ]
 DEFAULT_APPROVALS = [
     r"\bthanks?\b",

@@ -42,6 +42,24 @@ MIN_RARE_WORDS = 2
 MAX_SYMBOL_SHARE = 0.15
 MAX_MARKUP_SHARE = 0.3
 MAX_REPETITION = 0.3
+MIN_CONTENT_WORDS = 3  # distinct content words an answer to "tell me about X" needs at least
+# Words that carry no content of their own: function words, and words about the answer
+# itself ("30 words.", "Short answer:"), which a policy can echo from a correction.
+FUNCTION_WORDS_TEXT = """
+    a an the this that these those there here it its it's they them their theirs he him
+    his she her hers we us our you your i me my mine who whom whose which what when where why
+    how is are was were be been being am do does did done doing have has had having will would
+    shall should can could may might must of in on at to for from by with without about as
+    into onto over under up down out off than then so such too very also just only not no nor
+    yes and or but if because while though although all any some each every both either neither
+    more most less least much many few one ones other others another same own like s t don't
+    doesn't didn't isn't aren't wasn't weren't can't won't"""
+META_WORDS_TEXT = """
+    word words sentence sentences answer answers reply replies question questions short
+    shorter shortest brief briefly limit sure okay ok thanks thank please hello hi certainly
+    well oh yeah fine great here's that's"""
+FUNCTION_WORDS = frozenset(FUNCTION_WORDS_TEXT.split())
+META_WORDS = frozenset(META_WORDS_TEXT.split())
 
 
 class Lexicon:
@@ -146,6 +164,7 @@ class ReplyReading:
     markup_share: float
     repetition: float
     on_topic: bool | None  # None when no topic was given
+    thin: bool = False  # on topic but says nothing about it ("Bread.  30 words.")
 
     @property
     def problem(self) -> str | None:
@@ -160,13 +179,15 @@ class ReplyReading:
             return "repetitive"
         if self.on_topic is False:
             return "off_topic"
+        if self.thin:
+            return "thin"
         return None
 
     @property
     def no_answer(self) -> bool:
         """Not an answer at all (nonsense, word salad, symbols, markup, repeats); off-topic
-        replies are answers, to the wrong question."""
-        return self.problem not in (None, "off_topic")
+        and thin replies are answers, to the wrong question or with too little in them."""
+        return self.problem not in (None, "off_topic", "thin")
 
     @property
     def rare_share(self) -> float:
@@ -193,15 +214,37 @@ def mentions(words: list[str], forms: frozenset[str]) -> bool:
     return any(w.lower() in forms for w in words)
 
 
+def content_words(words: list[str]) -> set[str]:
+    """The distinct words that say something: neither function words nor words about the
+    answer itself ("words", "sentence", "sure")."""
+    lowered = {w.lower().replace("’", "'") for w in words}
+    return {w for w in lowered if w not in FUNCTION_WORDS and w not in META_WORDS}
+
+
+def says_too_little(content: set[str], topic_forms: frozenset[str], min_content: int) -> bool:
+    """True when an answer names the topic but says nothing about it: fewer than
+    `min_content` known content words, or none beyond the topic's own words."""
+    if min_content <= 0:
+        return False
+    return len(content) < min_content or not content - topic_forms
+
+
 def read_reply(
-    text: str | None, topic_forms: frozenset[str] | None = None, lexicon: Lexicon | None = None
+    text: str | None,
+    topic_forms: frozenset[str] | None = None,
+    lexicon: Lexicon | None = None,
+    min_content: int = MIN_CONTENT_WORDS,
 ) -> ReplyReading:
-    """Read one reply; `topic_forms` are the words that show it is about what was asked."""
+    """Read one reply; `topic_forms` are the words that show it is about what was asked, and
+    an answer about a topic needs `min_content` content words (0: any answer will do)."""
     lexicon = lexicon or Lexicon.english()
     words = letter_words(text)
     english = sum(1 for w in words if lexicon.is_word(w))
     known = topic_forms or frozenset()
     rare = sum(1 for w in words if w.lower() not in known and lexicon.is_rare(w))
+    on_topic = None if topic_forms is None else mentions(words, topic_forms)
+    # invented words say nothing to a reader ("The moon is like meetitoun.")
+    content = {w for w in content_words(words) if w in known or not lexicon.is_rare(w)}
     return ReplyReading(
         words=len(words),
         english_share=english / len(words) if words else 0.0,
@@ -209,5 +252,6 @@ def read_reply(
         symbol_share=symbol_share(text),
         markup_share=markup_share(text),
         repetition=repetition(words),
-        on_topic=None if topic_forms is None else mentions(words, topic_forms),
+        on_topic=on_topic,
+        thin=bool(on_topic) and says_too_little(content, known, min_content),
     )

@@ -5,7 +5,9 @@ Each user holds a hidden preference: a word limit, plus for some an opening they
 tool. The preference never reaches the model; it shows only in how the user reacts, in
 natural and varied words, the way people do. Before any preference, a reply must be an
 answer at all: real English words about what was asked, not symbols, markup or repeated
-fragments (`liveloop.demo.language`). Nonsense gets a complaint, never thanks.
+fragments (`liveloop.demo.language`), and something said about it beyond naming it ("Bread.
+30 words." names the topic and echoes a word limit; it says nothing). Nonsense gets a
+complaint, never thanks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from liveloop.demo.language import ReplyReading, letter_words, mentions, read_reply
+from liveloop.demo.language import (
+    MIN_CONTENT_WORDS,
+    ReplyReading,
+    letter_words,
+    mentions,
+    read_reply,
+)
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,7 @@ class Topic:
 
     name: str
     forms: frozenset[str]
+    min_content: int = MIN_CONTENT_WORDS  # content words an answer needs (0: any will do)
 
 
 def _topic(name: str, forms: str) -> Topic:
@@ -78,6 +87,10 @@ COMPLAINTS = {
     "off_topic": (
         "You didn't answer my question.", "That's not what I asked about: I asked about {t}.",
         "Please stay on topic, I asked about {t}.",
+    ),
+    "thin": (
+        "That doesn't tell me anything about {t}.", "That says nothing. Tell me something about {t}.",
+        "That's not much of an answer; say more about {t}.",
     ),
 }  # fmt: skip
 TOO_LONG = (
@@ -154,8 +167,13 @@ class WordLimit:
         self, question: Question, reply: str, rng: random.Random, tool_result: str | None = None
     ) -> Reaction:
         """Complaint for a non-answer, then this user's own wish, then the word limit."""
-        reading = read_reply(reply, question.topic.forms if question.topic else None)
-        topic = question.topic.name if question.topic else "that"
+        topic_asked = question.topic
+        reading = read_reply(
+            reply,
+            topic_asked.forms if topic_asked else None,
+            min_content=topic_asked.min_content if topic_asked else 0,
+        )
+        topic = topic_asked.name if topic_asked else "that"
         if self.strict and reading.problem is not None:
             return Reaction(_say(rng, COMPLAINTS[reading.problem], t=topic), -1.0, reading.problem)
         wish = self.wish(question, reply, reading, rng)
@@ -224,7 +242,7 @@ class WeatherAsker(WordLimit):
         if tool_result is None:
             return Reaction(_say(rng, WANTS_TOOL), -1.0, "no_tool")
         facts = frozenset(letter_words(KNOWN_CITIES[question.city].lower()))
-        weather = Question(question.text, topic=Topic("the weather", facts))
+        weather = Question(question.text, topic=Topic("the weather", facts, 0))
         reaction = super().react(weather, reply, rng)
         if reaction.reason == "off_topic":
             return Reaction(_say(rng, WRONG_WEATHER), -1.0, "wrong_weather")
