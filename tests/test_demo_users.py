@@ -56,17 +56,19 @@ def test_non_answers_get_a_complaint_never_thanks(reply: str, reason: str) -> No
 
 
 @pytest.mark.parametrize(
-    "reply",
+    ("question", "reply"),
     [
-        "Bread.  30 words.",  # the topic and an echo of a word limit (a policy found this)
-        "Bees. Short answer.",
-        "Bees, honey, hive, pollen.",  # only the topic's own words
-        "Bees are good.",  # two content words
-        "Bees are like meetitoun.",  # an invented word says nothing
+        # the topic and an echo of a word limit (a policy found this)
+        (Question("Why do people like bread?", BREAD), "Bread.  30 words."),
+        (ASK_BEES, "Bees. Short answer."),
+        (ASK_BEES, "Bees, honey, hive, pollen."),  # only the topic's own words
+        (ASK_BEES, "Bees are good."),  # two content words
+        (ASK_BEES, "Bees are like meetitoun."),  # an invented word says nothing
     ],
 )
-def test_an_answer_that_names_the_topic_but_says_nothing_is_not_thanked(reply: str) -> None:
-    question = ASK_BEES if "ead" not in reply else Question("Why do people like bread?", BREAD)
+def test_an_answer_that_names_the_topic_but_says_nothing_is_not_thanked(
+    question: Question, reply: str
+) -> None:
     for person in (WordLimit(30), Opening(30), OneSentence(30)):
         reaction = person.react(question, reply, random.Random(2))
         assert (reaction.rating, reaction.reason) == (-1.0, "thin"), (person, reaction)

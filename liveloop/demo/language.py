@@ -221,11 +221,15 @@ def content_words(words: list[str]) -> set[str]:
     return {w for w in lowered if w not in FUNCTION_WORDS and w not in META_WORDS}
 
 
-def says_too_little(content: set[str], topic_forms: frozenset[str], min_content: int) -> bool:
+def says_too_little(
+    words: list[str], topic_forms: frozenset[str], min_content: int, lexicon: Lexicon
+) -> bool:
     """True when an answer names the topic but says nothing about it: fewer than
-    `min_content` known content words, or none beyond the topic's own words."""
+    `min_content` known content words, or none beyond the topic's own words. Invented or
+    rare words say nothing to a reader ("The moon is like meetitoun.")."""
     if min_content <= 0:
         return False
+    content = {w for w in content_words(words) if w in topic_forms or not lexicon.is_rare(w)}
     return len(content) < min_content or not content - topic_forms
 
 
@@ -243,8 +247,6 @@ def read_reply(
     known = topic_forms or frozenset()
     rare = sum(1 for w in words if w.lower() not in known and lexicon.is_rare(w))
     on_topic = None if topic_forms is None else mentions(words, topic_forms)
-    # invented words say nothing to a reader ("The moon is like meetitoun.")
-    content = {w for w in content_words(words) if w in known or not lexicon.is_rare(w)}
     return ReplyReading(
         words=len(words),
         english_share=english / len(words) if words else 0.0,
@@ -253,5 +255,5 @@ def read_reply(
         markup_share=markup_share(text),
         repetition=repetition(words),
         on_topic=on_topic,
-        thin=bool(on_topic) and says_too_little(content, known, min_content),
+        thin=bool(on_topic) and says_too_little(words, known, min_content, lexicon),
     )
