@@ -87,7 +87,7 @@ def run_one(
             quiet=True,
             extra_env=env,
             max_judged_turns=args.turns,
-            turns_per_update=args.pace or None,
+            turns_per_update=args.pace,
         )
     figures = objective_figures(run.summary)
     figures.update(

@@ -11,6 +11,14 @@ class DemoConfig(Section):
     minutes: float = Field(15.0, gt=0, description="Length of the demo run.")
     users: int = Field(8, ge=1, description="Concurrent simulated users.")
     seed: int = Field(0, description="Seed of the simulated user population.")
+    turns_per_update: int | None = Field(
+        None,
+        ge=0,
+        description="Pace the users by the trainer: before each request they wait while the "
+        "judged turns number this many per published version or more, so the cores go to "
+        "learning rather than to turns that are never trained on. 0: users talk as fast as "
+        "they are answered. Unset: the model's measured default (liveloop.config.defaults).",
+    )
     window_turns: int = Field(64, ge=4, description="Turns in the first/last window of the report.")
     objectives: list[Objective] | None = Field(
         None,

@@ -168,6 +168,14 @@ def _judged_on(summary: dict[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _pacing(summary: dict[str, Any]) -> str:
+    """How the users were paced, as a sentence (empty when they were not)."""
+    pace = summary.get("turns_per_update")
+    if not pace:
+        return ""
+    return f" Users were paced at {pace} judged turns per version (they wait for the trainer)."
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     """A human-readable report."""
     rejected = summary.get("rejected_versions") or []
@@ -177,7 +185,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"Model: `{summary.get('model', '?')}`; {summary.get('minutes', '?')} minutes; "
         f"{summary['judged_turns']} judged turns{_judged_on(summary)}; "
         f"{summary['policy_versions']} policy versions served; {len(rejected)} refused by the "
-        "promotion gate.",
+        f"promotion gate.{_pacing(summary)}",
         "",
         *_headline(summary),
         "",

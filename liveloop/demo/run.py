@@ -61,10 +61,15 @@ DEMO_ENV: dict[str, dict[str, str]] = {
     # Micro-batches of 1024 tokens: one update of 24 demo-like samples took 74 s against
     # 97 s at 2048 (the packed row's block-diagonal attention grows with its length), so
     # the demo makes 10 updates instead of 8 (a run gained +0.38, against +0.09 at 2048).
+    # Its users are paced at 24 judged turns per version (`ModelDefaults`), so the server
+    # idles while the trainer works: two threads each then update at ~70 tokens/s instead
+    # of ~60, and a batch is the 24 turns of one version. Two optimizer steps per batch
+    # (`trainer.minibatches` 2) gained +0.03 and drifted until the gate refused versions.
     "smollm2-135m": {
         "LIVELOOP_TRAINER__LR": "1e-4",
         "LIVELOOP_TRAINER__MICRO_BATCH_TOKENS": "1024",
         "LIVELOOP_COLLECTOR__MAX_WAIT_S": "45",
+        "OMP_NUM_THREADS": "2",
     },
 }
 COMMON_ENV = {
@@ -82,9 +87,11 @@ class DemoError(RuntimeError):
     """The demo could not run (server never became ready, ...)."""
 
 
-def _child_env(settings: LiveLoopSettings, admin_key: str) -> dict[str, str]:
+def _child_env(settings: LiveLoopSettings, admin_key: str, pace: int) -> dict[str, str]:
     env = dict(COMMON_ENV)
     env.update(DEMO_ENV.get(settings.model, DEMO_ENV["smollm2-135m"]))
+    if pace:  # paced users: a batch is one version's turns
+        env["LIVELOOP_COLLECTOR__MIN_TURNS"] = str(pace)
     env = {k: v for k, v in env.items() if k not in os.environ}
     env["LIVELOOP_ADMIN_KEY"] = admin_key
     return env
@@ -171,6 +178,12 @@ def demo_objectives(settings: LiveLoopSettings) -> list[str]:
     return list(dict.fromkeys(asked))
 
 
+def demo_pacing(settings: LiveLoopSettings) -> int:
+    """Judged turns per version the users are paced at (0: not paced): asked, or the model's."""
+    asked = settings.demo.turns_per_update
+    return asked if asked is not None else model_defaults(settings.model).demo_turns_per_update
+
+
 def run_demo(
     settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
 ) -> None:
@@ -226,8 +239,9 @@ def run_objective(
     """The loops under one objective with simulated users, then the held-out comparison.
 
     Users talk for `demo.minutes`, or until `max_judged_turns` turns were judged. With
-    `turns_per_update` they wait before each request while the judged turns outnumber the
-    published versions by that many per version (see `Pacer`).
+    `turns_per_update` (default: `demo_pacing`; 0: free-running) they wait before each request
+    while the judged turns outnumber the published versions by that many per version (see
+    `Pacer`).
     """
     from liveloop.models import resolve_model_dir
     from liveloop.status import LiveView
@@ -236,7 +250,9 @@ def run_objective(
     child = settings.model_copy(update={"data_dir": run_dir, "db_url": None})
     base_model_dir = str(resolve_model_dir(settings.model))  # fetch/convert once, up front
     admin_key = secrets.token_urlsafe(16)
-    env = _child_env(settings, admin_key)
+    if turns_per_update is None:
+        turns_per_update = demo_pacing(settings)
+    env = _child_env(settings, admin_key, turns_per_update)
     env.update(extra_env or {})
     env["LIVELOOP_TRAINER__OBJECTIVE"] = objective
     supervisor = Supervisor(child, config_file=config_file, extra_env=env)
@@ -279,6 +295,7 @@ def run_objective(
             model=settings.model,
             objective=objective,
             minutes=settings.demo.minutes,
+            turns_per_update=turns_per_update,
             user_errors=stats.errors,
             wall_seconds=time.time() - started_at,
         )

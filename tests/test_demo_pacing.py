@@ -1,0 +1,67 @@
+"""Paced simulated users: they wait for the trainer, counting judged turns and versions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+from liveloop import bus
+from liveloop.config import load_settings
+from liveloop.demo.pacing import Pacer
+from liveloop.demo.run import _child_env, demo_pacing
+
+
+def _add(client: redis.Redis, stream: str, n: int) -> None:
+    for i in range(n):
+        client.xadd(bus.stream_key(stream), {"data": f"{i}"})
+
+
+def test_users_wait_once_a_version_has_its_turns_until_the_next_version(redis_url: str) -> None:
+    client = bus.redis_client_sync(redis_url)
+    try:
+        pacer = Pacer(client, per_update=3)
+        assert pacer.allowed()
+        _add(client, bus.SCORED, 2)
+        assert pacer.allowed()
+        _add(client, bus.SCORED, 1)
+        assert not pacer.allowed()  # version 0 has its 3 turns
+
+        async def publish_later() -> None:
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(_add, client, bus.WEIGHTS, 1)
+
+        async def waited() -> float:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            await asyncio.gather(pacer.wait(), publish_later())
+            return loop.time() - start
+
+        assert asyncio.run(waited()) >= 0.3
+        assert pacer.allowed() and pacer.waits == 0
+        _add(client, bus.SCORED, 3)
+        assert not pacer.allowed()  # versions 0 and 1 have 3 turns each
+    finally:
+        client.close()
+
+
+def test_a_wait_that_no_version_ends_gives_up_and_is_counted(redis_url: str) -> None:
+    client = bus.redis_client_sync(redis_url)
+    try:
+        pacer = Pacer(client, per_update=1, max_wait_s=0.2)
+        _add(client, bus.SCORED, 1)
+        asyncio.run(pacer.wait())
+        assert pacer.waits == 1
+    finally:
+        client.close()
+
+
+def test_smollm2_demo_users_are_paced_by_default_and_each_batch_is_one_versions_turns() -> None:
+    smollm2 = load_settings(model="smollm2-135m")
+    assert demo_pacing(smollm2) == 24
+    assert _child_env(smollm2, "key", 24)["LIVELOOP_COLLECTOR__MIN_TURNS"] == "24"
+    assert demo_pacing(load_settings(model="tiny-random")) == 0  # free-running
+    assert demo_pacing(load_settings(model="smollm2-135m", demo={"turns_per_update": 0})) == 0
+    asked = load_settings(model="tiny-random", demo={"turns_per_update": 12})
+    assert demo_pacing(asked) == 12
+    assert _child_env(asked, "key", 0)["LIVELOOP_COLLECTOR__MIN_TURNS"] == "16"  # not paced
