@@ -61,6 +61,7 @@ def test_smollm2_demo_users_are_paced_by_default_and_each_batch_is_one_versions_
     assert demo_pacing(smollm2) == 24
     assert _child_env(smollm2, "key", 24)["LIVELOOP_COLLECTOR__MIN_TURNS"] == "24"
     assert demo_pacing(load_settings(model="tiny-random")) == 0  # free-running
+    assert demo_pacing(load_settings(model="some/other-model")) == 24  # smollm2's demo settings
     assert demo_pacing(load_settings(model="smollm2-135m", demo={"turns_per_update": 0})) == 0
     asked = load_settings(model="tiny-random", demo={"turns_per_update": 12})
     assert demo_pacing(asked) == 12

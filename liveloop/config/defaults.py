@@ -70,7 +70,10 @@ BUILTIN: dict[str, ModelDefaults] = {
         demo_turns_per_update=24,
     ),
 }
-FALLBACK = ModelDefaults(0.1, 1.0, 64, (20, 25, 30), has_language=True, demo_objective="rl")
+# Any other model's demo runs with smollm2's environment (`DEMO_ENV`), pacing included.
+FALLBACK = ModelDefaults(
+    0.1, 1.0, 64, (20, 25, 30), has_language=True, demo_objective="rl", demo_turns_per_update=24
+)
 
 
 def model_defaults(model: str) -> ModelDefaults:
