@@ -19,7 +19,10 @@ with OPD advantages centred or not. A 135M model reading "please be brief" as an
 message does not become a better teacher, so smollm2's demo learns from the reward alone;
 `--objective combine` still runs it. Three seeds later (160 judged turns, threshold -0.4)
 said the same: 'rl' reached it in 2 of 3 seeds, 'combine' in 1 of 3, with held-out topic
-rates of 62-71% against 33-62%. tiny-random has no language to lose and keeps
+rates of 62-71% against 33-62%. With the OPD advantage at a quarter of the reward's weight
+(`trainer.opd.opd_weight` 0.25; 3 seeds, 160 judged turns, paced at 16) 'combine' still
+never reached -0.4: gain -0.08 +- 0.23, held-out replies naming the topic 42%, most versions
+refused by the gate for losing the topic. tiny-random has no language to lose and keeps
 'combine', though there too 'rl' learned faster (3 seeds, 400 judged turns: 'rl' reached a
 moving reward of 0.25 in all three, after 323 +- 80 turns; 'combine' in one of three).
 
