@@ -29,7 +29,7 @@ moving reward of 0.25 in all three, after 323 +- 80 turns; 'combine' in one of t
 Demo pacing: free-running users on a 2-core machine made ~1450 judged turns in 15 minutes
 of which the trainer learned from ~240, while serving them took a core from the trainer.
 smollm2's demo users wait for the trainer at 24 judged turns per version, and its trainer
-gets two threads (`liveloop.demo.run.DEMO_ENV`): two 15-minute runs made 14 versions each
+gets two threads (`liveloop.demo.run.DEMO_ENV`): two 15-minute runs made 13 updates each
 instead of 11 and gained +0.47 each (held-out users -0.79 -> -0.08 and -0.58 -> -0.33),
 against +0.38 for the last free-running run (+0.00 to +0.59 before).
 """
