@@ -226,3 +226,48 @@ async def test_the_judging_loop_counts_every_finished_turn_per_version(
     replies = [t.response.get("content") or "" for t in turns]
     words = sum(len(WORD.findall(r)) for r in replies)  # words are runs of letters
     assert quality.mean_reply_words == pytest.approx(words / 3)
+
+
+@pytest.mark.slow
+async def test_after_a_refusal_the_trainer_drops_momentum_and_lowers_its_rate(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """A reverted optimizer keeps no first moments; each refusal in a row halves the rate."""
+    writer = BatchWriter(aredis_client, data_dir)
+    gate = {"max_kl": 1.0}
+    await writer.write(make_samples(4, seed=21), 0)
+    calm = trainer_of(
+        settings_for(redis_url, data_dir, trainer={"lr": 1e-6, "max_updates": 1, "gate": gate})
+    )
+    await calm.run()
+    assert calm.version == 1
+    moments = [s["exp_avg"] for s in calm._updater().optimizer.state.values()]
+    assert moments and any(bool(m.abs().sum() > 0) for m in moments)
+
+    for seed in (22, 23):
+        await writer.write(make_samples(4, seed=seed), 1)
+    wild = settings_for(redis_url, data_dir, trainer={"lr": 1.0, "max_updates": 2, "gate": gate})
+    trainer = trainer_of(wild)  # resumes from v1, with v1's optimizer state
+    await trainer.run()
+    assert (trainer.version, trainer.rejected, trainer.refusals_in_row) == (1, 2, 2)
+    assert trainer._lr_scale() == pytest.approx(0.25)  # the next batch: a quarter of 1.0
+    state = list(trainer._updater().optimizer.state.values())
+    assert state and all(bool(s["exp_avg"].abs().sum() == 0) for s in state)
+    assert any(bool(s["exp_avg_sq"].abs().sum() > 0) for s in state)  # second moments kept
+    with Registry.open(wild.effective_db_url) as registry:
+        rows = {v.version: v for v in registry.list_model_versions()}
+    assert [rows[v].status for v in (1, 2, 3)] == ["accepted", "rejected", "rejected"]
+    assert rows[2].metrics["lr"] == pytest.approx(1.0)
+    assert rows[3].metrics["lr"] == pytest.approx(0.5)  # trained at half the rate
+    assert rows[1].metrics["lr"] == pytest.approx(1e-6)
+
+    await writer.write(make_samples(4, seed=24), 1)
+    as_before = {**gate, "drop_momentum": False, "reject_lr_scale": 1.0}
+    plain = trainer_of(
+        settings_for(redis_url, data_dir, trainer={"lr": 1.0, "max_updates": 1, "gate": as_before})
+    )
+    await plain.run()
+    assert plain.rejected == 1 and plain._lr_scale() == 1.0
+    assert any(
+        bool(s["exp_avg"].abs().sum() > 0) for s in plain._updater().optimizer.state.values()
+    )

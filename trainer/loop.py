@@ -57,6 +57,7 @@ class StepMessage:
     kind: str  # "batch", "revert", "idle" or "stop"
     samples: list[BatchSample] = field(default_factory=list)
     version: int = 0  # the version to go back to ("revert")
+    lr_scale: float = 1.0  # of the configured learning rate, for this batch ("batch")
 
 
 def opd_summary(stats: UpdateStats) -> str:
@@ -102,6 +103,7 @@ class Trainer:
         self.quality: QualityStore | None = None
         self.updates_done = 0
         self.rejected = 0
+        self.refusals_in_row = 0  # the gate's refusals since the last accepted version
         self.last_stats: UpdateStats | None = None
         self._stop = threading.Event()
 
@@ -153,6 +155,17 @@ class Trainer:
         else:
             self.state = TrainerState(version=0, parent=None)
 
+    def _go_back(self, version: int) -> None:
+        """The last accepted version again, after a refusal (without its momentum)."""
+        self._load(version or None)
+        if self.cfg.gate.drop_momentum:
+            self._updater().drop_momentum()
+
+    def _lr_scale(self) -> float:
+        """Learning-rate factor of the next update: smaller after each refusal in a row."""
+        gate = self.cfg.gate
+        return max(gate.reject_lr_scale**self.refusals_in_row, gate.min_lr_scale)
+
     @property
     def gated(self) -> bool:
         """True when new versions pass the promotion gate before they are announced."""
@@ -173,9 +186,10 @@ class Trainer:
             if message.kind == "stop":
                 return
             if message.kind == "batch":
+                self._updater().set_lr_scale(message.lr_scale)
                 self._updater().update(message.samples)
             if message.kind == "revert":
-                self._load(message.version or None)
+                self._go_back(message.version)
 
     # -- rank 0 ------------------------------------------------------------------------
 
@@ -286,7 +300,7 @@ class Trainer:
             if message.kind == "stop":
                 return
             if item is not None:
-                await self._apply(item, message.samples, source, publisher)
+                await self._apply(item, message, source, publisher)
 
     def _finished(self) -> bool:
         limit = self.cfg.max_updates
@@ -307,7 +321,7 @@ class Trainer:
         if not samples:
             await source.done(item)
             return None, StepMessage("idle")
-        return item, StepMessage("batch", samples)
+        return item, StepMessage("batch", samples, lr_scale=self._lr_scale())
 
     def _trainable(self, samples: list[BatchSample]) -> list[BatchSample]:
         """Valid samples within the staleness bound of the current version (the collector's
@@ -336,11 +350,13 @@ class Trainer:
     async def _apply(
         self,
         item: ReceivedBatch,
-        samples: list[BatchSample],
+        message: StepMessage,
         source: BatchSource,
         publisher: Publisher,
     ) -> None:
         self.metrics.batch_wait.observe(max(time.time() - item.batch.created_at, 0.0))
+        samples = message.samples
+        self._updater().set_lr_scale(message.lr_scale)
         stats = await asyncio.to_thread(self._updater().update, samples)
         if self.quality is not None:
             await self.quality.add_drift(stats.drift)
@@ -373,10 +389,12 @@ class Trainer:
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
         log.info(
-            "v%d %s: %d samples, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, entropy %.2f%s",
+            "v%d %s: %d samples, lr %.1e, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, "
+            "entropy %.2f%s",
             state.version,
             state.status,
             stats.samples,
+            stats.lr,
             stats.loss,
             stats.tokens_per_s,
             stats.approx_kl,
@@ -394,8 +412,10 @@ class Trainer:
         self.metrics.observe_gate(verdict.accepted, probe)
         if verdict.accepted:
             self.gate.accepted(probe)
+            self.refusals_in_row = 0
         else:
             self.rejected += 1
+            self.refusals_in_row += 1
             log.warning("v%d refused by the promotion gate: %s", self.next_version, verdict.reason)
         return verdict
 
@@ -430,7 +450,7 @@ class Trainer:
         target = self.version
         if self.comm.world > 1:
             await asyncio.to_thread(self.comm.broadcast, StepMessage("revert", version=target))
-        await asyncio.to_thread(self._load, target or None)
+        await asyncio.to_thread(self._go_back, target)
         self.state.applied_batches = refused.applied_batches  # consumed, never to be redone
 
     def _save(self, state: TrainerState) -> Path:

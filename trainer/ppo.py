@@ -72,6 +72,7 @@ class UpdateStats:
     opd_gap_after: float | None = None  # the same after the update (None: not measured)
     opd_seconds: float = 0.0  # teacher signal + gap measurement time (slowest rank)
     opd_skipped: dict[str, int] = field(default_factory=dict)  # hinted, no signal, by reason
+    lr: float = 0.0  # learning rate of this update's optimizer steps
     drift: dict[int, DriftSums] = field(default_factory=dict)  # per served version
 
     @property
@@ -221,6 +222,17 @@ class PPOUpdater:
             weight_decay=cfg.weight_decay,
         )
 
+    def set_lr_scale(self, scale: float) -> None:
+        """Train the next updates at `scale` times the configured learning rate."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * scale
+
+    def drop_momentum(self) -> None:
+        """Zero Adam's first moments (its running average of gradients); the second stay."""
+        for state in self.optimizer.state.values():
+            if "exp_avg" in state:
+                state["exp_avg"].zero_()
+
     def close(self) -> None:
         """Release the OPD teacher (HTTP clients, threads)."""
         if self.distiller is not None:
@@ -350,5 +362,6 @@ class PPOUpdater:
             ),
             opd_seconds=totals.opd_seconds,
             opd_skipped={r: int(sums[f"skip_{r}"]) for r in SKIP_REASONS if sums[f"skip_{r}"] > 0},
+            lr=float(self.optimizer.param_groups[0]["lr"]),
             drift=drift,
         )

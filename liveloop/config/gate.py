@@ -88,3 +88,19 @@ class GateSettings(Section):
         description="After a refusal, train on from the last accepted version ('revert') or "
         "from the refused weights ('continue').",
     )
+    drop_momentum: bool = Field(
+        True,
+        description="On a revert, zero the optimizer's first moments (Adam's running average "
+        "of gradients). Restored with the last accepted weights, they would carry the next "
+        "update the way they carried the refused one, whatever its batch says.",
+    )
+    reject_lr_scale: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Each refusal in a row multiplies the next update's learning rate by "
+        "this (1: unchanged); an accepted version restores the configured rate.",
+    )
+    min_lr_scale: float = Field(
+        0.125, gt=0, le=1, description="The learning rate is never scaled below this fraction."
+    )
