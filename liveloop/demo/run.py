@@ -79,8 +79,6 @@ COMMON_ENV = {
     "LIVELOOP_COLLECTOR__MAX_WAIT_S": "10",
     "OMP_NUM_THREADS": "1",  # four loop processes share the cores; one thread each is fastest
 }
-# Room per turn in a paced batch (smollm2's demo turns: ~150 tokens, prompt included).
-PACED_TOKENS_PER_TURN = 256
 EVAL_USERS = 6
 EVAL_TURNS_PER_USER = 4
 
@@ -92,10 +90,8 @@ class DemoError(RuntimeError):
 def _child_env(settings: LiveLoopSettings, admin_key: str, pace: int) -> dict[str, str]:
     env = dict(COMMON_ENV)
     env.update(DEMO_ENV.get(settings.model, DEMO_ENV["smollm2-135m"]))
-    if pace:  # paced users: a batch is one version's turns, not cut short by their tokens
+    if pace:  # paced users: a batch is one version's turns
         env["LIVELOOP_COLLECTOR__MIN_TURNS"] = str(pace)
-        env["LIVELOOP_COLLECTOR__MIN_FILL"] = "1"
-        env["LIVELOOP_COLLECTOR__TOKEN_BUDGET"] = str(max(4096, pace * PACED_TOKENS_PER_TURN))
     env = {k: v for k, v in env.items() if k not in os.environ}
     env["LIVELOOP_ADMIN_KEY"] = admin_key
     return env
