@@ -56,7 +56,7 @@ def test_a_wait_that_no_version_ends_gives_up_and_is_counted(redis_url: str) -> 
         client.close()
 
 
-def test_smollm2_demo_users_are_paced_by_default_and_each_batch_is_one_versions_turns() -> None:
+def test_smollm2_demo_users_are_paced_by_default_and_a_batch_ships_at_one_versions_turns() -> None:
     smollm2 = load_settings(model="smollm2-135m")
     assert demo_pacing(smollm2) == 24
     assert _child_env(smollm2, "key", 24)["LIVELOOP_COLLECTOR__MIN_TURNS"] == "24"

@@ -186,8 +186,7 @@ class Trainer:
             if message.kind == "stop":
                 return
             if message.kind == "batch":
-                self._updater().set_lr_scale(message.lr_scale)
-                self._updater().update(message.samples)
+                self._updater().update(message.samples, message.lr_scale)
             if message.kind == "revert":
                 self._go_back(message.version)
 
@@ -356,8 +355,7 @@ class Trainer:
     ) -> None:
         self.metrics.batch_wait.observe(max(time.time() - item.batch.created_at, 0.0))
         samples = message.samples
-        self._updater().set_lr_scale(message.lr_scale)
-        stats = await asyncio.to_thread(self._updater().update, samples)
+        stats = await asyncio.to_thread(self._updater().update, samples, message.lr_scale)
         if self.quality is not None:
             await self.quality.add_drift(stats.drift)
         verdict = await self._judge_candidate()

@@ -222,11 +222,6 @@ class PPOUpdater:
             weight_decay=cfg.weight_decay,
         )
 
-    def set_lr_scale(self, scale: float) -> None:
-        """Train the next updates at `scale` times the configured learning rate."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr * scale
-
     def drop_momentum(self) -> None:
         """Zero Adam's first moments (its running average of gradients); the second stay."""
         for state in self.optimizer.state.values():
@@ -288,10 +283,13 @@ class PPOUpdater:
                 drift.setdefault(version, DriftSums()).add(part)
         return self.comm.merge_drift(drift)
 
-    def update(self, samples: list[BatchSample]) -> UpdateStats:
-        """Train on `samples` (the same list on every rank); returns global statistics."""
+    def update(self, samples: list[BatchSample], lr_scale: float = 1.0) -> UpdateStats:
+        """Train on `samples` (the same list on every rank) at `lr_scale` times the
+        configured learning rate; returns global statistics."""
         import torch
 
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * lr_scale
         start = time.perf_counter()
         self.policy.model.train()
         minis = [m for m in balanced_split(samples, self.cfg.minibatches) if m]
@@ -362,6 +360,6 @@ class PPOUpdater:
             ),
             opd_seconds=totals.opd_seconds,
             opd_skipped={r: int(sums[f"skip_{r}"]) for r in SKIP_REASONS if sums[f"skip_{r}"] > 0},
-            lr=float(self.optimizer.param_groups[0]["lr"]),
+            lr=self.cfg.lr * lr_scale,
             drift=drift,
         )
