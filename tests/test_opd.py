@@ -253,6 +253,7 @@ def test_an_opd_update_moves_the_student_towards_the_teacher(objective: str) -> 
     assert stats.opd_seconds > 0 and math.isfinite(stats.opd_advantage)
     metrics = stats.as_metrics()
     assert metrics["hint_share"] == 0.75 and "opd_gap_after" in metrics
+    assert "opd: 3/3 hinted taught" in stats.describe()
 
 
 def test_rl_objective_ignores_hints() -> None:
@@ -261,3 +262,4 @@ def test_rl_objective_ignores_hints() -> None:
     stats = updater.update(hinted_samples(pol, 2))
     assert updater.distiller is None
     assert stats.hinted == 2 and stats.opd_samples == 0 and stats.opd_gap_after is None
+    assert stats.describe().endswith("; 2 hinted")  # the trainer's log line: nothing taught

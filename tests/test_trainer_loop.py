@@ -15,6 +15,8 @@ from liveloop.config import LiveLoopSettings
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.models import load_model
 from liveloop.registry import Registry
+from liveloop.trainer.metrics import TrainerMetrics
+from liveloop.trainer.source import trainable_samples
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
 
@@ -118,14 +120,13 @@ async def test_lora_checkpoints_hold_merged_weights_and_resume_the_adapter(
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_trainer_applies_the_staleness_bound_again(redis_url: str, data_dir: Path) -> None:
+def test_trainer_applies_the_staleness_bound_again() -> None:
     samples = make_samples(3, seed=13)
     for sample, oldest in zip(samples, (3, 2, 1), strict=True):
         sample.versions = [oldest] + [3] * (len(sample.versions) - 1)
-    s = settings(redis_url, data_dir)
-    s.max_staleness = 1
-    trainer = trainer_of(s)
-    trainer.state.version = 3  # batches queued while the trainer moved on
-    kept = trainer._trainable(samples)
+    metrics = TrainerMetrics()
+    # batches queued while the trainer moved on to version 3; one version of staleness allowed
+    kept = trainable_samples(samples, 3, "rl", 1, metrics)
     assert [x.key for x in kept] == [samples[0].key, samples[1].key]
-    assert trainer.metrics.dropped.labels("stale")._value.get() == 1
+    assert metrics.dropped.labels("stale")._value.get() == 1
+    assert trainable_samples(samples, 3, "opd", 1, TrainerMetrics()) == []  # no hints

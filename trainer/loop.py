@@ -21,7 +21,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import redis
 import redis.asyncio as aredis
@@ -32,7 +31,6 @@ from liveloop.config.defaults import model_defaults
 from liveloop.contracts import BatchSample
 from liveloop.quality import QualityStore
 from liveloop.registry import Registry
-from liveloop.samples import staleness, untrainable, within_staleness
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.gate import GateVerdict, PromotionGate, build_panel
@@ -40,7 +38,7 @@ from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater, UpdateStats
 from liveloop.trainer.reporting import QualityReporter
-from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch
+from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch, trainable_samples
 from liveloop.weights import setup_weight_transport
 
 log = logging.getLogger(__name__)
@@ -58,17 +56,6 @@ class StepMessage:
     samples: list[BatchSample] = field(default_factory=list)
     version: int = 0  # the version to go back to ("revert")
     lr_scale: float = 1.0  # of the configured learning rate, for this batch ("batch")
-
-
-def opd_summary(stats: UpdateStats) -> str:
-    """The on-policy distillation part of an update's log line ('' when nothing was hinted)."""
-    if not stats.hinted:
-        return ""
-    after = "-" if stats.opd_gap_after is None else f"{stats.opd_gap_after:.3f}"
-    return (
-        f"; opd: {stats.opd_samples}/{stats.hinted} hinted taught, gap {stats.opd_gap_before:.3f}"
-        f" -> {after}, {stats.opd_seconds:.1f}s"
-    )
 
 
 def resolved_config(cfg: TrainerConfig, model: str) -> TrainerConfig:
@@ -316,35 +303,13 @@ class Trainer:
             self.metrics.dropped.labels("duplicate_batch").inc(len(item.samples))
             await source.done(item)
             return None, StepMessage("idle")
-        samples = self._trainable(item.samples)
+        samples = trainable_samples(
+            item.samples, self.version, self.cfg.objective, self.shared.max_staleness, self.metrics
+        )
         if not samples:
             await source.done(item)
             return None, StepMessage("idle")
         return item, StepMessage("batch", samples, lr_scale=self._lr_scale())
-
-    def _trainable(self, samples: list[BatchSample]) -> list[BatchSample]:
-        """Valid samples within the staleness bound of the current version (the collector's
-        checks, applied again: the trainer may have moved on since the batch was packed).
-
-        Under the 'opd' objective a sample without a directive hint has nothing to learn
-        from, and is dropped too (counted as 'no_hint').
-        """
-        kept = []
-        for sample in samples:
-            problem = untrainable(sample)
-            if problem is not None:
-                log.warning("dropping sample %s: %s", sample.key, problem.detail)
-                self.metrics.dropped.labels("invalid").inc()
-                continue
-            if self.cfg.objective == "opd" and sample.hint is None:
-                self.metrics.dropped.labels("no_hint").inc()
-                continue
-            if not within_staleness(sample, self.version, self.shared.max_staleness):
-                self.metrics.dropped.labels("stale").inc()
-                continue
-            self.metrics.staleness.observe(max(staleness(sample, self.version), 0))
-            kept.append(sample)
-        return kept
 
     async def _apply(
         self,
@@ -372,7 +337,8 @@ class Trainer:
             reason=verdict.reason if verdict else None,
         )
         path = await asyncio.to_thread(self._save, state)
-        await self._publish(publisher, state, path, verdict)
+        probe = verdict.probe.model_dump() if verdict is not None else None
+        await publisher.publish(state, path, probe)
         self.next_version += 1
         if accepted or self.cfg.gate.on_reject == "continue":
             self.state = state
@@ -386,20 +352,7 @@ class Trainer:
         self.last_stats = stats
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
-        log.info(
-            "v%d %s: %d samples, lr %.1e, loss %.4f, %.0f tok/s, kl %.2e, ref kl %.3f, "
-            "entropy %.2f%s",
-            state.version,
-            state.status,
-            stats.samples,
-            stats.lr,
-            stats.loss,
-            stats.tokens_per_s,
-            stats.approx_kl,
-            stats.ref_kl,
-            stats.entropy,
-            opd_summary(stats),
-        )
+        log.info("v%d %s: %s", state.version, state.status, stats.describe())
 
     async def _judge_candidate(self) -> GateVerdict | None:
         """The promotion gate's verdict on the weights just trained (None: no gate)."""
@@ -416,32 +369,6 @@ class Trainer:
             self.refusals_in_row += 1
             log.warning("v%d refused by the promotion gate: %s", self.next_version, verdict.reason)
         return verdict
-
-    async def _publish(
-        self, publisher: Publisher, state: TrainerState, path: Path, verdict: GateVerdict | None
-    ) -> None:
-        """Record the version (and its probe results) in the registry, then announce it."""
-        status: Literal["accepted", "rejected"] = (
-            "accepted" if state.status == "accepted" else "rejected"
-        )
-        await asyncio.to_thread(
-            publisher.record,
-            state.version,
-            path,
-            state.parent,
-            state.metrics,
-            status=status,
-            reason=state.reason,
-        )
-        if verdict is not None:
-            probe = verdict.probe.model_dump()
-            probe.update(status=status, reason=state.reason)  # outlives a pruned version row
-            await asyncio.to_thread(
-                publisher.registry.record_version_quality, state.version, probe=probe
-            )
-        await publisher.announce(
-            state.version, path, state.parent, state.metrics, status=status, reason=state.reason
-        )
 
     async def _revert(self, refused: TrainerState) -> None:
         """Back to the last accepted version's weights and optimizer (on every rank)."""

@@ -85,6 +85,23 @@ class UpdateStats:
         """Share of the batch's samples that carried a directive hint."""
         return self.hinted / self.samples if self.samples else 0.0
 
+    def describe(self) -> str:
+        """One line for the trainer's log: size, rate, loss, speed, drift (and OPD if any)."""
+        line = (
+            f"{self.samples} samples, lr {self.lr:.1e}, loss {self.loss:.4f}, "
+            f"{self.tokens_per_s:.0f} tok/s, kl {self.approx_kl:.2e}, ref kl {self.ref_kl:.3f}, "
+            f"entropy {self.entropy:.2f}"
+        )
+        if not self.hinted:
+            return line
+        if not self.opd_samples and not self.opd_skipped:  # the 'rl' objective: none taught
+            return f"{line}; {self.hinted} hinted"
+        after = "-" if self.opd_gap_after is None else f"{self.opd_gap_after:.3f}"
+        return (
+            f"{line}; opd: {self.opd_samples}/{self.hinted} hinted taught, gap "
+            f"{self.opd_gap_before:.3f} -> {after}, {self.opd_seconds:.1f}s"
+        )
+
     def as_metrics(self) -> dict[str, float]:
         """Flat float dict for the registry and the weights announcement."""
         nested = ("drift", "opd_skipped", "opd_gap_after")

@@ -4,21 +4,27 @@
 file a large batch refers to), and acknowledges it only after the update it fed has been
 checkpointed and announced. `Publisher` records versions in the registry and announces
 them through the weight transport (`liveloop.weights`), exactly once per (version, path).
+`trainable_samples` applies the collector's checks to a batch again when it is trained.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aredis
 from pydantic import ValidationError
 
 from liveloop import bus
+from liveloop.config.base import Objective
 from liveloop.contracts import BatchSample, TrainingBatch, WeightsAnnouncement
 from liveloop.registry import Registry
+from liveloop.samples import staleness, untrainable, within_staleness
+from liveloop.trainer.checkpoints import TrainerState
+from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.weights import WeightTransport
 
 log = logging.getLogger(__name__)
@@ -39,6 +45,37 @@ def load_batch_file(data_dir: Path, path: str) -> list[BatchSample]:
     full = Path(data_dir) / path
     stored = TrainingBatch.model_validate_json(full.read_bytes())
     return stored.samples or []
+
+
+def trainable_samples(
+    samples: list[BatchSample],
+    version: int,
+    objective: Objective,
+    max_staleness: int,
+    metrics: TrainerMetrics,
+) -> list[BatchSample]:
+    """Valid samples within the staleness bound of `version` (the collector's checks,
+    applied again: the trainer may have moved on since the batch was packed).
+
+    Under the 'opd' objective a sample without a directive hint has nothing to learn
+    from, and is dropped too (counted as 'no_hint').
+    """
+    kept = []
+    for sample in samples:
+        problem = untrainable(sample)
+        if problem is not None:
+            log.warning("dropping sample %s: %s", sample.key, problem.detail)
+            metrics.dropped.labels("invalid").inc()
+            continue
+        if objective == "opd" and sample.hint is None:
+            metrics.dropped.labels("no_hint").inc()
+            continue
+        if not within_staleness(sample, version, max_staleness):
+            metrics.dropped.labels("stale").inc()
+            continue
+        metrics.staleness.observe(max(staleness(sample, version), 0))
+        kept.append(sample)
+    return kept
 
 
 class BatchSource:
@@ -140,6 +177,31 @@ class Publisher:
             reason=reason,
         )
         return await self.transport.announce(payload)
+
+    async def publish(
+        self, state: TrainerState, path: Path, probe: dict[str, Any] | None = None
+    ) -> None:
+        """Record a trained version (and its gate probe, if any) in the registry, announce it."""
+        status: Literal["accepted", "rejected"] = (
+            "accepted" if state.status == "accepted" else "rejected"
+        )
+        await asyncio.to_thread(
+            self.record,
+            state.version,
+            path,
+            state.parent,
+            state.metrics,
+            status=status,
+            reason=state.reason,
+        )
+        if probe is not None:
+            probe = {**probe, "status": status, "reason": state.reason}  # outlives a pruned row
+            await asyncio.to_thread(
+                self.registry.record_version_quality, state.version, probe=probe
+            )
+        await self.announce(
+            state.version, path, state.parent, state.metrics, status=status, reason=state.reason
+        )
 
     def forget(self, versions: list[int]) -> None:
         """Drop pruned versions from the registry (their checkpoints are gone).
