@@ -17,8 +17,9 @@ For every run: the mean judged reward per window of `--window` turns, the number
 turns until the moving reward (over `--window` turns) first reaches `--threshold`, the
 held-out reward of the final version, the reply-quality measures of the learning-quality
 work (topic rate, symbol and non-answer shares, words, distinct-2 of the held-out replies;
-reference NLL and KL per version from the registry), the hint share, and what the teacher
-cost per update. Per objective: the mean and the spread (standard deviation, min, max) over
+reference NLL and KL per version from the registry), the versions the promotion gate
+refused, why the users reacted as they did in their first and last answers, the hint share,
+and what the teacher cost per update. Per objective: the mean and the spread (standard deviation, min, max) over
 seeds; then `combine` against `rl` in judged turns to the threshold.
 
 `--staleness` also runs `combine` with `max_staleness` 0 against the default, with
@@ -96,6 +97,8 @@ def run_one(
         seed=seed,
         seconds=time.monotonic() - started,
         platform_quality=_platform_quality(run.summary),
+        rejected_versions=run.summary.get("rejected_versions") or [],
+        user_reactions=run.summary.get("reactions"),
         extra_env=extra_env,
         scores=[t.score for t in run.turns],  # in judged order: thresholds can be recomputed
     )
@@ -146,6 +149,7 @@ def aggregate(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
             "reward_last_window": spread([r["reward_last_window"] for r in mine]),
             "held_out_reward": spread([r["held_out_reward"] for r in mine]),
             "hint_share": spread([r["hint_share"] for r in mine]),
+            "versions_refused": spread([len(r.get("rejected_versions") or []) for r in mine]),
             "update_seconds": spread([t.get("seconds") for t in training]),
             "opd_seconds_per_update": spread([t.get("opd_seconds") for t in training]),
             "held_out_quality": {

@@ -9,8 +9,10 @@ import pytest
 
 from liveloop.config import load_settings
 from liveloop.demo.curves import moving_mean, turns_to_threshold, window_means
+from liveloop.demo.measures import user_reactions
 from liveloop.demo.report import JudgedTurn, summarise, training_figures, write_report
 from liveloop.demo.run import demo_objectives, objective_figures
+from liveloop.demo.users import TurnLog
 
 
 def test_curves_by_hand() -> None:
@@ -98,3 +100,36 @@ def test_demo_objectives_default_per_model_and_asked_ones_win() -> None:
     assert demo_objectives(asked) == ["combine", "rl"]
     with pytest.raises(ValueError):
         load_settings(model="smollm2-135m", demo={"objectives": []})
+
+
+def answer(at: float, reason: str, weather: bool = False, used_tool: bool = False) -> TurnLog:
+    rating = {"pleased": 1.0, "nearly": 0.0}.get(reason, -1.0)
+    return TurnLog(
+        user=0, preference="weather_tool" if weather else "word_limit", words=12, tokens=20,
+        rating=rating, version=0, at=at, reason=reason, tool_offered=weather,
+        used_tool=used_tool,
+    )  # fmt: skip
+
+
+def test_report_says_why_users_were_unhappy_early_and_late(tmp_path: Path) -> None:
+    """The users' own reasons, first and last window, and whether the weather tool was used."""
+    early = ["too_long"] * 5 + ["off_topic"] * 2 + ["pleased"]
+    late = ["pleased"] * 5 + ["nearly", "too_long"]
+    answers = [answer(float(i), r) for i, r in enumerate(early + late)]
+    answers.append(answer(100.0, "no_tool", weather=True))
+    answers.insert(0, answer(200.0, "pleased", weather=True, used_tool=True))  # order: by time
+    said = user_reactions(answers, window=8)
+    assert said["window"] == 8
+    assert said["first"] == {"too_long": 5 / 8, "off_topic": 2 / 8, "pleased": 1 / 8}
+    assert said["last"] == {
+        "pleased": 5 / 8, "nearly": 1 / 8, "too_long": 1 / 8, "no_tool": 1 / 8
+    }  # fmt: skip
+    assert (said["weather_answers"], said["answers_after_tool"]) == (2, 1)
+    assert user_reactions(answers[:3], window=8)["window"] == 1  # at most half the answers
+    summary = summarise(turns([-1.0] * 10 + [1.0] * 10), 8)
+    summary.update(objective="rl", training=training_figures([]), reactions=said)
+    markdown = write_report(tmp_path, summary, turns([0.0] * 20))["md"].read_text()
+    assert "## What the users said" in markdown
+    assert "| too long | 62% | 12% |" in markdown
+    assert "| wanted the weather tool used | 0% | 12% |" in markdown
+    assert "Weather questions answered: 2; 1 of the answers came after a call" in markdown

@@ -124,6 +124,9 @@ def test_demo_on_tiny_random_learns_within_three_minutes(tmp_path: Path) -> None
     assert all(len(row["replies"]) == 24 for row in held_out.values())
     markdown = (out / "report.md").read_text()
     assert "Judged reward gain" in markdown and "The same held-out questions" in markdown
+    said = report["reactions"]  # every recorded answer has its user's reason
+    assert sum(said["first"].values()) == pytest.approx(1.0)
+    assert "## What the users said" in markdown
     eval_cmd = [*CLI, "eval", "--data-dir", str(out / "run")]
     table = subprocess.run(eval_cmd, capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr[-2000:]

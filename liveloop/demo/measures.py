@@ -3,16 +3,21 @@
 Reward alone can rise while replies decay. Beside it the report shows, for the replies of
 each version (served, or to held-out users): how often a reply mentions the topic of the
 question it answers, how many replies are dominated by symbols or markup, how many are no
-answer at all (nonsense, repeats), their length in words and their distinct-2.
+answer at all (nonsense, repeats), their length in words and their distinct-2. And what
+the users themselves said, early and late: which of their wishes the replies still miss.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from liveloop.demo.language import distinct_n, read_reply
 from liveloop.demo.preferences import TOPICS, Topic
+
+if TYPE_CHECKING:
+    from liveloop.demo.users import TurnLog
 
 
 def topic_of(question: str) -> Topic | None:
@@ -40,4 +45,28 @@ def reply_quality(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
         "non_answer_share": _share([r.no_answer for r in readings if r.words or r.symbol_share]),
         "mean_words": sum(r.words for r in readings) / len(readings) if readings else None,
         "distinct_2": distinct_n(reply for _q, reply in pairs),
+    }
+
+
+def _reason_shares(answers: Sequence[TurnLog]) -> dict[str, float]:
+    counts = Counter(a.reason for a in answers)
+    return {reason: n / len(answers) for reason, n in counts.most_common()}
+
+
+def user_reactions(answers: Sequence[TurnLog], window: int) -> dict[str, Any]:
+    """Why the users reacted as they did, in their first and last `window` answers.
+
+    Each answer has one reason (the first thing wrong the user found, or "pleased"), so the
+    shares say where reward is still lost. Weather questions show whether the model ever
+    called the tool before answering: a user who wants it is never pleased without it.
+    """
+    ordered = sorted(answers, key=lambda a: a.at)
+    window = max(1, min(window, len(ordered) // 2))
+    weather = [a for a in ordered if a.tool_offered]
+    return {
+        "window": window,
+        "first": _reason_shares(ordered[:window]) if ordered else {},
+        "last": _reason_shares(ordered[-window:]) if ordered else {},
+        "weather_answers": len(weather),
+        "answers_after_tool": sum(a.used_tool for a in weather),
     }

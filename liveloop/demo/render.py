@@ -212,7 +212,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 f"| {_num(row.get('mean_words'), 1)} |"
             )
         lines += _examples(evals)
-    lines += _objectives(summary) + _hints(summary)
+    lines += _reactions(summary) + _objectives(summary) + _hints(summary)
     platform = summary.get("platform") or {}
     if rejected:
         lines += ["", "## Versions the promotion gate refused", ""]
@@ -269,4 +269,36 @@ def _hints(summary: dict[str, Any]) -> list[str]:
                 f"| v{e['version_before']}: {_cell(e['before'])} "
                 f"| v{e['version_after']}: {_cell(e['after'])} |"
             )
+    return lines
+
+
+REACTIONS = {  # a user's reason (`Reaction.reason`) as the report names it, in table order
+    "pleased": "pleased", "nearly": "a little too long (lukewarm)", "too_long": "too long",
+    "opening": "wanted the topic named first", "one_sentence": "wanted one sentence",
+    "no_tool": "wanted the weather tool used", "wrong_weather": "contradicted the tool's result",
+    "off_topic": "off topic", "thin": "said nothing about the topic", "nonsense": "nonsense",
+    "symbols": "symbols", "markup": "markup", "repetitive": "repeated itself",
+}  # fmt: skip
+
+
+def _reactions(summary: dict[str, Any]) -> list[str]:
+    """What the users said in their first and last answers, and whether the tool was used."""
+    said = summary.get("reactions") or {}
+    if not said.get("first"):
+        return []
+    n = said["window"]
+    lines = ["", "## What the users said", "",
+             "Each answer's reason as its user saw it: the first thing wrong they found, or "
+             "pleased.", "", f"| reaction | first {n} answers | last {n} answers |",
+             "|---|---|---|"]  # fmt: skip
+    reasons = [r for r in REACTIONS if r in said["first"] or r in said["last"]]
+    reasons += sorted((set(said["first"]) | set(said["last"])) - set(reasons))
+    for reason in reasons:
+        first, last = said["first"].get(reason, 0.0), said["last"].get(reason, 0.0)
+        name = REACTIONS.get(reason, reason)
+        lines.append(f"| {name} | {_fmt(first, True)} | {_fmt(last, True)} |")
+    if said.get("weather_answers"):
+        lines += ["", f"Weather questions answered: {said['weather_answers']}; "
+                  f"{said['answers_after_tool']} of the answers came after a call to the "
+                  "weather tool."]  # fmt: skip
     return lines

@@ -29,7 +29,7 @@ from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.demo.examples import hint_examples
-from liveloop.demo.measures import reply_quality
+from liveloop.demo.measures import reply_quality, user_reactions
 from liveloop.demo.pacing import Pacer
 from liveloop.demo.preferences import make_population
 from liveloop.demo.report import (
@@ -308,6 +308,7 @@ def run_objective(
             turns_per_update=turns_per_update,
             user_errors=stats.errors,
             wall_seconds=time.time() - started_at,
+            reactions=user_reactions(stats.turns, settings.demo.window_turns),
         )
         _add_wall_clock(summary, turns, started_at)
         summary["eval"], summary["hint_examples"] = _compare_versions(

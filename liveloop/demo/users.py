@@ -65,7 +65,9 @@ class TurnLog:
     question: str = ""
     reply: str = ""
     reaction: str = ""
-    reason: str = ""
+    reason: str = ""  # why the user reacted so (`Reaction.reason`: "pleased", "too_long", ...)
+    tool_offered: bool = False  # a weather question, asked with the weather tool
+    used_tool: bool = False  # the reply came after the model called the tool
 
 
 @dataclass
@@ -204,6 +206,8 @@ class SimulatedUser:
                 reply=reply,
                 reaction=reaction.text,
                 reason=reaction.reason,
+                tool_offered=question.wants_tool,
+                used_tool=tool_result is not None,
             )
         )
 
