@@ -19,8 +19,9 @@ held-out reward of the final version, the reply-quality measures of the learning
 work (topic rate, symbol and non-answer shares, words, distinct-2 of the held-out replies;
 reference NLL and KL per version from the registry), the versions the promotion gate
 refused, why the users reacted as they did in their first and last answers, the hint share,
-and what the teacher cost per update. Per objective: the mean and the spread (standard deviation, min, max) over
-seeds; then `combine` against `rl` in judged turns to the threshold.
+and what the teacher cost per update. Per objective: the mean and the spread (standard
+deviation, min, max) over seeds; then `combine` against `rl` in judged turns to the
+threshold.
 
 `--staleness` also runs `combine` with `max_staleness` 0 against the default, with
 free-running users, and reports the wall-clock minutes to the threshold: the end-to-end form of the asynchronous
