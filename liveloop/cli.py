@@ -188,7 +188,7 @@ def _run_eval(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 
     print_quality(settings.effective_db_url, as_json=args.json)
     if args.version is not None or args.held_out:
-        from liveloop.demo.run import run_eval
+        from liveloop.demo.heldout import run_eval
 
         run_eval(settings, version=args.version)
 
@@ -237,7 +237,7 @@ COMMANDS: dict[str, Callable[[LiveLoopSettings, argparse.Namespace], None]] = {
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that are the user's environment, not a bug: printed as one line."""
     from liveloop.bus import BusUnavailable
-    from liveloop.demo.run import DemoError
+    from liveloop.demo.heldout import DemoError
     from liveloop.models import ModelLoadError
     from liveloop.valkey import ValkeyError
 

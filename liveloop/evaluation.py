@@ -4,7 +4,7 @@ Prints, per version: whether it was served or refused by the promotion gate, and
 quality on the traffic it served (mean judged reward, share the judges could not score,
 reply words, distinct-2, reference NLL per token, KL to the reference) and on the gate's
 probes (reward, reference NLL, topic rate). `--version V` (or `--held-out`) then also
-replays held-out simulated users against one version (`liveloop.demo.run.run_eval`).
+replays held-out simulated users against one version (`liveloop.demo.heldout.run_eval`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,18 @@
-"""`liveloop demo` and `liveloop eval`.
+"""`liveloop demo`: the four loops, simulated users, a report.
 
 The demo starts the four loops on embedded defaults in a fresh run directory, lets a
 population of simulated users talk to the server for `--minutes`, then freezes training,
 evaluates version 0 and the final version on the same held-out users (not recorded), and
 writes the report. With several training objectives (`--objective rl,combine`) it does
 that once per objective, with the same users, and the report compares them.
-`run_objective` is also what `bench/learning.py` runs. `eval` does the held-out evaluation
-for one version on its own.
+`run_objective` is also what `bench/learning.py` runs. The held-out users, here and in
+`liveloop eval --version`, are `liveloop.demo.heldout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import secrets
@@ -23,13 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
-from liveloop.demo.examples import hint_examples
-from liveloop.demo.measures import reply_quality, user_reactions
+from liveloop.demo.heldout import compare_versions, wait_ready
+from liveloop.demo.measures import user_reactions
 from liveloop.demo.pacing import Pacer
 from liveloop.demo.preferences import make_population
 from liveloop.demo.report import (
@@ -44,8 +41,6 @@ from liveloop.demo.report import (
 )
 from liveloop.demo.users import UserRun, UserStats, run_population
 from liveloop.supervisor import Supervisor
-from liveloop.valkey import free_port
-from liveloop.weights import latest_announcement_sync
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +81,6 @@ COMMON_ENV = {
     "LIVELOOP_COLLECTOR__MAX_WAIT_S": "10",
     "OMP_NUM_THREADS": "1",  # four loop processes share the cores; one thread each is fastest
 }
-EVAL_USERS = 6
-EVAL_TURNS_PER_USER = 4
-
-
-class DemoError(RuntimeError):
-    """The demo could not run (server never became ready, ...)."""
 
 
 def _child_env(settings: LiveLoopSettings, admin_key: str, pace: int) -> dict[str, str]:
@@ -105,71 +94,6 @@ def _child_env(settings: LiveLoopSettings, admin_key: str, pace: int) -> dict[st
     env = {k: v for k, v in env.items() if k not in os.environ}
     env["LIVELOOP_ADMIN_KEY"] = admin_key
     return env
-
-
-def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float = 300.0) -> None:
-    """Block until the server answers /readyz, or fail if it keeps crashing."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base_url + "/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        supervisor.check()
-        time.sleep(0.5)
-    raise DemoError(f"server at {base_url} not ready after {timeout_s:.0f}s; see logs")
-
-
-def load_version(base_url: str, admin_key: str, path: str, version: int) -> None:
-    """Make the server serve the checkpoint at `path` as `version`."""
-    resp = httpx.post(
-        base_url + "/admin/weights",
-        json={"path": path, "version": version},
-        headers={"Authorization": f"Bearer {admin_key}"},
-        timeout=300,
-    )
-    if resp.status_code != 200:
-        raise DemoError(f"loading version {version} failed: {resp.status_code} {resp.text[:200]}")
-
-
-def held_out_reward(stats: UserStats) -> dict[str, Any]:
-    """Held-out users' own ratings (+1 pleased, 0 lukewarm, -1 not) and their replies' quality."""
-    turns = sorted(stats.turns, key=lambda t: (t.user, t.at))
-    scores = [t.rating for t in turns]
-    return {
-        "turns": len(scores),
-        "mean_reward": sum(scores) / len(scores) if scores else None,
-        **reply_quality((t.question, t.reply) for t in turns),
-        "replies": [
-            {"user": t.user, "question": t.question, "reply": t.reply, "reaction": t.reaction}
-            for t in turns
-        ],
-    }
-
-
-def evaluate(base_url: str, model: str, seed: int) -> dict[str, Any]:
-    """Held-out simulated users (a different seed) against whatever the server serves now."""
-    defaults = model_defaults(model)
-    run = UserRun(base_url=base_url, model=model, max_tokens=defaults.reply_tokens, record=False)
-    people = make_population(
-        EVAL_USERS, seed + 10_000, defaults.word_limits, strict=defaults.has_language
-    )
-    stats = asyncio.run(
-        run_population(
-            run, people, seconds=600, seed=seed + 10_000, max_turns_per_user=EVAL_TURNS_PER_USER
-        )
-    )
-    return held_out_reward(stats)
-
-
-def _latest_checkpoint(redis_url: str) -> tuple[int, str] | None:
-    client = bus.redis_client_sync(redis_url)
-    try:
-        latest = latest_announcement_sync(client, scan=64)  # never a version the gate refused
-    finally:
-        client.close()
-    return (latest.version, latest.path) if latest is not None else None
 
 
 @dataclass
@@ -311,7 +235,7 @@ def run_objective(
             reactions=user_reactions(stats.turns, settings.demo.window_turns),
         )
         _add_wall_clock(summary, turns, started_at)
-        summary["eval"], summary["hint_examples"] = _compare_versions(
+        summary["eval"], summary["hint_examples"] = compare_versions(
             supervisor, admin_key, base_model_dir, settings, turns
         )
         summary["training"] = training_figures(read_update_metrics(supervisor.redis_url))
@@ -370,65 +294,3 @@ def _drive(
         return asyncio.run(main())
     finally:
         counter.close()
-
-
-def _compare_versions(
-    supervisor: Supervisor,
-    admin_key: str,
-    base_dir: str,
-    settings: LiveLoopSettings,
-    turns: list[JudgedTurn],
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Freeze training, then held-out users on version 0 and on the final version.
-
-    With the final version loaded, a few hinted turns are asked again (not recorded), to
-    show each hint with the reply that earned it and the final version's reply.
-    """
-    supervisor.stop_loops(("judge", "collect", "train"))  # no announcement may follow a rollback
-    latest = _latest_checkpoint(supervisor.redis_url)
-    result: dict[str, Any] = {}
-    candidates = [("version 0", 0, base_dir)]
-    if latest is not None:
-        candidates.append((f"version {latest[0]} (final)", latest[0], latest[1]))
-    examples: list[dict[str, Any]] = []
-    for label, version, path in candidates:
-        load_version(supervisor.base_url, admin_key, path, version)
-        result[label] = evaluate(supervisor.base_url, settings.model, settings.demo.seed)
-        if version == candidates[-1][1]:
-            examples = hint_examples(supervisor.base_url, settings.model, turns, version)
-    return result, examples
-
-
-def run_eval(settings: LiveLoopSettings, *, version: int | None) -> None:
-    """Held-out users against one policy version (default: the latest; 0 = the base model)."""
-    from liveloop.models import resolve_model_dir
-    from liveloop.registry import Registry
-
-    registry = Registry.open(settings.effective_db_url)
-    try:
-        if version is None:
-            info = registry.latest_model_version()
-        else:
-            info = registry.get_model_version(version) if version > 0 else None
-    finally:
-        registry.close()
-    if version and info is None:
-        raise DemoError(f"policy version {version} is not in the registry")
-    path = info.path if info else str(resolve_model_dir(settings.model))
-    chosen = info.version if info else 0
-    admin_key = secrets.token_urlsafe(16)
-    scratch = settings.data_dir / "eval"
-    shutil.rmtree(scratch, ignore_errors=True)
-    child = settings.model_copy(
-        update={"data_dir": scratch, "port": free_port(), "redis_url": None}
-    )
-    supervisor = Supervisor(child, loops=("serve",), extra_env={"LIVELOOP_ADMIN_KEY": admin_key})
-    supervisor.start()
-    try:
-        wait_ready(supervisor.base_url, supervisor)
-        if chosen:
-            load_version(supervisor.base_url, admin_key, path, chosen)
-        result = evaluate(supervisor.base_url, settings.model, settings.demo.seed)
-    finally:
-        supervisor.stop()
-    print(json.dumps({"version": chosen, "path": path, **result}, indent=2))
