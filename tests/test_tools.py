@@ -176,9 +176,6 @@ def test_render_with_tools_injects_a_system_section(tiny: LoadedModel) -> None:
     assert "SmolLM" not in text  # the tools section replaces the default system prompt
     assert json.dumps(TOOLS[0]["function"]["parameters"]) in text
     assert '"name": "get_time"' in text and "<tool_call>" in text
-    # the example calls a real function (small models copy placeholder names)
-    example = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "...", "days": "...", '
-    assert example + '"unit": "..."}}\n</tool_call>' in text and "function_name" not in text
     with_system = template.render_text([{"role": "system", "content": "Be brief."}, *USER], TOOLS)
     assert with_system.startswith("<|im_start|>system\nBe brief.\n\n# Available functions")
     assert with_system.count("<|im_start|>system") == 1

@@ -44,29 +44,16 @@ def arguments_text(arguments: Any) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
-def example_call(tools: list[dict[str, Any]]) -> str:
-    """A call to the first function, its parameters' values elided.
-
-    Small models copy the example: with placeholder names (`function_name`,
-    `argument_name`) they call `function_name`. Of 96 calls that smollm2-135m wrote to the
-    demo's weather tool once made to open one, none ran with placeholders, 4 with this.
-    """
-    function = (tools[0].get("function") or {}) if tools else {}
-    parameters = (function.get("parameters") or {}).get("properties") or {}
-    arguments = json.dumps({name: "..." for name in parameters})
-    return format_call(str(function.get("name") or "function_name"), arguments)
-
-
 def tools_system_section(tools: list[dict[str, Any]]) -> str:
     """System-prompt text that tells a template-less model which functions exist and how to call."""
     listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    example = example_call(tools)
+    example = format_call("function_name", '{"argument_name": "value"}')
     return (
         "# Available functions\n\n"
         "You can call the functions described below (JSON schemas, one per line):\n"
         f"<tools>\n{listing}\n</tools>\n\n"
         "To call a function, reply with a JSON object holding its name and arguments, wrapped "
-        f"in {OPEN_TAG} tags; one block per call, for example:\n{example}\n"
+        f"in {OPEN_TAG} tags; one block per call:\n{example}\n"
         "Each call's result comes back in a message from the tool."
     )
 
