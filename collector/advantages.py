@@ -1,26 +1,50 @@
-"""Advantages from judged scores: group-normalised, or against a running baseline per judge.
+"""Advantages from judged scores: group-normalised, or against a running baseline per task.
 
 When a request asked for several samples (n > 1) they share a group key and arrive close
 together; `GroupAssembler` holds each group open for `group_wait_s` after its first sample,
 then the group is closed. A group of two or more gets advantages (score - mean) / (std + eps)
-(all zero when every sample scored the same); a lone sample gets score minus the running
-baseline of its judge, an exponential moving average with bias correction, so the first
-scores of a judge are not measured against an arbitrary zero. The baselines are state that
-must survive a restart (a collector starting from zero would measure the next scores against
-nothing): `Baselines.dump`/`load` give them a JSON form the loop keeps in Redis.
+(all zero when every sample scored the same); a lone sample gets score minus a running
+baseline, an exponential moving average with bias correction, so the first scores are not
+measured against an arbitrary zero.
+
+There is one baseline per judge and, by default, one per judge and *task*: turns whose
+requests share a system prompt and a set of offered tools (`task_key`). Tasks differ in how
+often they please: a task the policy never gets right (a tool it does not call yet) scored
+against the judge-wide mean would push down every reply it gives, round after round, and
+with it whatever those replies share with the good replies of other tasks (their length,
+their opening). Against its own baseline a task that always fails teaches nothing, and its
+first success stands out. A task with fewer than `min_task_turns` scores uses the judge's
+baseline. The baselines are state that must survive a restart (a collector starting from
+zero would measure the next scores against nothing): `Baselines.dump`/`load` give them a
+JSON form the loop keeps in Redis.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from liveloop.contracts import BatchSample, SampleHint, ScoredTurn
+from liveloop.config.collector import BaselineScope
+from liveloop.contracts import BatchSample, SampleHint, ScoredTurn, TurnRecord
 from liveloop.samples import min_version
 
 GROUP_STD_EPS = 1e-6
+TASK_MARK = "#task:"  # a task baseline's name: <judge>#task:<task key>
+
+
+def task_key(turn: TurnRecord) -> str:
+    """The task a turn belongs to: a short digest of its system prompt and offered tools.
+
+    An agent's system prompt and tools say what it was asked to do; the user's own words
+    do not enter the key, so every conversation of one agent shares it.
+    """
+    system = [m.get("content") for m in turn.messages if m.get("role") in ("system", "developer")]
+    tools = sorted(str((t.get("function") or {}).get("name", "")) for t in turn.tools or [])
+    text = json.dumps([system, tools], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -97,10 +121,19 @@ class RunningBaseline:
 
 @dataclass
 class Baselines:
-    """One running baseline per judge."""
+    """Running baselines: one per judge and, with scope "task", one per judge and task.
+
+    Task baselines are kept for the `max_tasks` most recently scored tasks; the names of
+    those dropped are kept until `take_dropped()` so their stored state can be removed too.
+    """
 
     decay: float
+    scope: BaselineScope = "judge"
+    min_task_turns: int = 4
+    max_tasks: int = 256
     by_judge: dict[str, RunningBaseline] = field(default_factory=dict)
+    by_task: dict[str, RunningBaseline] = field(default_factory=dict)  # oldest first
+    _dropped: list[str] = field(default_factory=list)
 
     def get(self, judge: str) -> RunningBaseline:
         """The judge's baseline, created on first use."""
@@ -108,12 +141,40 @@ class Baselines:
             self.by_judge[judge] = RunningBaseline(self.decay)
         return self.by_judge[judge]
 
+    def value_for(self, turn: ScoredTurn) -> float:
+        """The baseline a lone turn is measured against."""
+        if self.scope == "task":
+            task = self.by_task.get(f"{turn.judge}{TASK_MARK}{task_key(turn)}")
+            if task is not None and task.count >= self.min_task_turns:
+                return task.value
+        return self.get(turn.judge).value
+
+    def update(self, turn: ScoredTurn) -> None:
+        """Fold the turn's score into its judge's baseline (and its task's)."""
+        self.get(turn.judge).update(turn.score)
+        if self.scope != "task":
+            return
+        name = f"{turn.judge}{TASK_MARK}{task_key(turn)}"
+        task = self.by_task.pop(name, None) or RunningBaseline(self.decay)
+        task.update(turn.score)
+        self.by_task[name] = task  # now the most recent
+        while len(self.by_task) > self.max_tasks:
+            oldest = next(iter(self.by_task))
+            del self.by_task[oldest]
+            self._dropped.append(oldest)
+
+    def take_dropped(self) -> list[str]:
+        """Names of task baselines dropped since the last call."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
     def dump(self, judges: set[str] | None = None) -> dict[str, str]:
-        """JSON state of the baselines (of `judges` only, if given), by judge name."""
+        """JSON state of the baselines (of `judges` only, if given), by name."""
+        named = {**self.by_judge, **self.by_task}
         return {
             name: json.dumps({"raw": b.raw, "count": b.count})
-            for name, b in self.by_judge.items()
-            if judges is None or name in judges
+            for name, b in named.items()
+            if judges is None or name.split(TASK_MARK, 1)[0] in judges
         }
 
     def load(self, state: dict[str, str]) -> None:
@@ -124,8 +185,14 @@ class Baselines:
                 baseline = RunningBaseline(self.decay, float(data["raw"]), int(data["count"]))
             except (ValueError, TypeError, KeyError):
                 continue
-            if baseline.count >= 0 and math.isfinite(baseline.raw):
+            if baseline.count < 0 or not math.isfinite(baseline.raw):
+                continue
+            if TASK_MARK not in name:
                 self.by_judge[name] = baseline
+            elif self.scope == "task" and len(self.by_task) < self.max_tasks:
+                self.by_task[name] = baseline
+            else:  # not kept: its stored state goes with the next write
+                self._dropped.append(name)
 
     def assign(self, group: list[PendingSample]) -> None:
         """Set the advantages of a closed group, then fold its scores into the baselines."""
@@ -136,10 +203,9 @@ class Baselines:
             for p in group:
                 p.advantage = 0.0 if std < GROUP_STD_EPS else (p.turn.score - mean) / std
         else:
-            baseline = self.get(group[0].turn.judge)
-            group[0].advantage = group[0].turn.score - baseline.value
+            group[0].advantage = group[0].turn.score - self.value_for(group[0].turn)
         for p in group:
-            self.get(p.turn.judge).update(p.turn.score)
+            self.update(p.turn)
 
 
 class GroupAssembler:

@@ -82,7 +82,12 @@ class Collector:
         self.versions = trainer_version or TrainerVersion(client, poll_s=cfg.version_poll_s)
         self.writer = BatchWriter(client, shared.data_dir, cfg.inline_max_bytes)
         self.groups = GroupAssembler(cfg.group_wait_s)
-        self.baselines = Baselines(cfg.baseline_decay)
+        self.baselines = Baselines(
+            cfg.baseline_decay,
+            scope=cfg.baseline_scope,
+            min_task_turns=cfg.baseline_min_task_turns,
+            max_tasks=cfg.baseline_max_tasks,
+        )
         self.policy = FlushPolicy(cfg.token_budget, cfg.min_turns, cfg.min_fill, cfg.max_wait_s)
         self.ready: list[PendingSample] = []
         self.held = self.consumer.in_flight  # entries held until their batch is published
@@ -103,7 +108,10 @@ class Collector:
         for judge, baseline in self.baselines.by_judge.items():
             self.metrics.baseline.labels(judge).set(baseline.value)
         if self.baselines.by_judge:
-            log.info("reward baselines restored for %s", ", ".join(sorted(self.baselines.by_judge)))
+            log.info(
+                "reward baselines restored for %s (and %d tasks)",
+                ", ".join(sorted(self.baselines.by_judge)), len(self.baselines.by_task),
+            )  # fmt: skip
         version = await self.versions.current(force=True)
         self.metrics.trainer_version.set(version)
         log.info(
@@ -165,6 +173,8 @@ class Collector:
         if moved:
             state: Any = self.baselines.dump(moved)
             await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)
+        if dropped := self.baselines.take_dropped():
+            await self.client.hdel(keys.COLLECTOR_BASELINES, *dropped)
         await self._flush(now)
         self.metrics.pending.set(len(self.held))
 

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aredis
 
 from liveloop import bus
-from liveloop.collector.advantages import Baselines, PendingSample
+from liveloop.collector.advantages import TASK_MARK, Baselines, PendingSample, task_key
 from liveloop.collector.loop import Collector
 from liveloop.collector.packing import FlushPolicy, first_fit
 from liveloop.collector.writer import BatchWriter
@@ -130,6 +130,57 @@ def test_running_baseline_is_a_bias_corrected_ema_per_judge() -> None:
     assert [p.advantage for p in group] == [0.0, 0.0]
 
 
+def with_tool(turn: ScoredTurn, name: str = "get_weather") -> ScoredTurn:
+    tool = {"type": "function", "function": {"name": name, "parameters": {}}}
+    return turn.model_copy(update={"tools": [tool]})
+
+
+def test_a_task_that_always_fails_is_measured_against_its_own_baseline() -> None:
+    baselines = Baselines(decay=0.9, scope="task", min_task_turns=3)
+
+    def lone(turn: ScoredTurn) -> float:
+        p = PendingSample("0-1", turn, 0.0)
+        baselines.assign([p])
+        return p.advantage
+
+    for i in range(6):  # chat turns please the user
+        lone(scored_turn(f"c{i}", score=1.0))
+    weather = [lone(with_tool(scored_turn(f"w{i}", score=-1.0))) for i in range(6)]
+    # Until the tool task has 3 scores it is measured against the judge's baseline (its
+    # first score against all 1.0); from then on against its own, which is -1: no push.
+    assert weather[0] == pytest.approx(-2.0)
+    assert weather[3:] == pytest.approx([0.0, 0.0, 0.0])
+    # Its first success stands out; a chat turn that fails is measured against the chats.
+    assert lone(with_tool(scored_turn("w-ok", score=1.0))) == pytest.approx(2.0)
+    assert lone(scored_turn("c-bad", score=-1.0)) == pytest.approx(-2.0)
+    assert baselines.get("rules").count == 14  # the judge-wide baseline sees every score
+    # With scope "judge" the tool turns are measured against everyone's scores.
+    judge_only = Baselines(decay=0.9, scope="judge")
+    for turn in [scored_turn("c", score=1.0), with_tool(scored_turn("w", score=-1.0))]:
+        judge_only.assign([p := PendingSample("0-1", turn, 0.0)])
+    assert p.advantage == pytest.approx(-2.0) and judge_only.by_task == {}
+    # The system prompt is part of the task; the user's words are not.
+    agent = scored_turn("s", score=0.0)
+    system = [{"role": "system", "content": "You are a travel agent."}, *agent.messages]
+    other = agent.model_copy(
+        update={"messages": [*agent.messages, {"role": "user", "content": "x"}]}
+    )
+    assert task_key(agent) == task_key(other)
+    assert task_key(agent) != task_key(agent.model_copy(update={"messages": system}))
+    assert task_key(with_tool(agent)) != task_key(with_tool(agent, "get_time"))
+
+
+def test_task_baselines_are_bounded_and_the_oldest_dropped() -> None:
+    baselines = Baselines(decay=0.9, scope="task", max_tasks=2)
+    for name in ("a", "b", "a", "c"):  # "b" is then the least recently scored
+        baselines.update(with_tool(scored_turn(name), name))
+    kept = {n.split(TASK_MARK)[1] for n in baselines.by_task}
+    assert kept == {task_key(with_tool(scored_turn("x"), n)) for n in ("a", "c")}
+    (dropped,) = baselines.take_dropped()
+    assert dropped.split(TASK_MARK)[1] == task_key(with_tool(scored_turn("x"), "b"))
+    assert baselines.take_dropped() == []
+
+
 async def test_reward_baselines_survive_a_restart(
     aredis_client: aredis.Redis, redis_url: str, data_dir: Path
 ) -> None:
@@ -148,6 +199,25 @@ async def test_reward_baselines_survive_a_restart(
     assert adv["b0:0:0"] == pytest.approx(-1.0)  # 0.0 against the baseline 1.0, not 0
     third = await make_collector(aredis_client, redis_url, data_dir)
     assert third.baselines.get("rules").count == 4
+    assert third.baselines.by_task == second.baselines.by_task != {}  # per task too
+
+
+async def test_dropped_task_baselines_leave_redis(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    async def stored() -> set[str]:
+        return {str(k) for k in await aredis_client.hkeys("liveloop:collector:baselines")}
+
+    turns = [with_tool(scored_turn(f"t{i}", score=1.0), f"tool{i}") for i in range(3)]
+    await publish_turns(aredis_client, turns[:2])
+    collector = await make_collector(aredis_client, redis_url, data_dir, baseline_max_tasks=2)
+    await run_steps(collector)
+    first_two = set(collector.baselines.by_task)
+    assert await stored() == {"rules", *first_two} and len(first_two) == 2
+    await publish_turns(aredis_client, turns[2:])  # a third task: the oldest goes
+    await run_steps(collector)
+    assert await stored() == {"rules", *collector.baselines.by_task}
+    assert len(first_two - set(collector.baselines.by_task)) == 1
 
 
 def pending(tokens: int, key: str, arrived: float = 0.0) -> PendingSample:

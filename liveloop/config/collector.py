@@ -1,10 +1,13 @@
 """Settings of the collecting loop (`liveloop collect`)."""
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
 from liveloop.config.base import Section
+
+BaselineScope = Literal["judge", "task"]
+"""What a lone turn's reward baseline is kept per (`CollectorConfig.baseline_scope`)."""
 
 
 class CollectorConfig(Section):
@@ -58,7 +61,25 @@ class CollectorConfig(Section):
         ),
     )
     baseline_decay: float = Field(
-        0.9, gt=0, lt=1, description="Decay of the running reward baseline per judge (EMA)."
+        0.9, gt=0, lt=1, description="Decay of the running reward baselines (EMA)."
+    )
+    baseline_scope: BaselineScope = Field(
+        "task",
+        description=(
+            "What a lone turn's score is measured against. 'judge': the running mean of its "
+            "judge's scores. 'task': the running mean of the scores of turns with the same "
+            "judge, system prompt and offered tools (the judge's until that task has "
+            "`baseline_min_task_turns` scores), so a task that always fails or always "
+            "succeeds does not push its replies down or up against the others."
+        ),
+    )
+    baseline_min_task_turns: int = Field(
+        4, ge=1, description="Scores a task needs before its own baseline is used."
+    )
+    baseline_max_tasks: int = Field(
+        256,
+        ge=1,
+        description="Most task baselines kept (and stored); the least recently scored go first.",
     )
     inline_max_bytes: int = Field(
         4 * 1024 * 1024,
