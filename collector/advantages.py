@@ -7,8 +7,8 @@ then the group is closed. A group of two or more gets advantages (score - mean) 
 baseline, an exponential moving average with bias correction, so the first scores are not
 measured against an arbitrary zero.
 
-There is one baseline per judge and, by default, one per judge and *task*: turns whose
-requests share a system prompt and a set of offered tools (`task_key`). Tasks differ in how
+There is one baseline per judge and, with `baseline_scope = "task"`, one per judge and
+*task*: turns whose requests share a system prompt and a set of offered tools (`task_key`). Tasks differ in how
 often they please: a task the policy never gets right (a tool it does not call yet) scored
 against the judge-wide mean would push down every reply it gives, round after round, and
 with it whatever those replies share with the good replies of other tasks (their length,

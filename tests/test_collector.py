@@ -181,25 +181,27 @@ def test_task_baselines_are_bounded_and_the_oldest_dropped() -> None:
     assert baselines.take_dropped() == []
 
 
+@pytest.mark.parametrize("scope", ["judge", "task"])
 async def test_reward_baselines_survive_a_restart(
-    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path, scope: str
 ) -> None:
     await publish_turns(aredis_client, [scored_turn(f"a{i}", score=1.0) for i in range(3)])
-    first = await make_collector(aredis_client, redis_url, data_dir)
+    first = await make_collector(aredis_client, redis_url, data_dir, baseline_scope=scope)
     await run_steps(first)
     before = first.baselines.get("rules")
     assert before.count == 3 and before.value == pytest.approx(1.0)
     # A new process (the first one crashed): it starts from the stored baselines, not zero.
     await publish_turns(aredis_client, [scored_turn("b0", score=0.0)])
-    second = await make_collector(aredis_client, redis_url, data_dir)
+    second = await make_collector(aredis_client, redis_url, data_dir, baseline_scope=scope)
     assert second.baselines.get("rules") == before
     assert second.metrics.baseline.labels("rules")._value.get() == pytest.approx(1.0)
     await run_steps(second)
     adv = {s.key: s.advantage for b in await batches(aredis_client) for s in b.samples or []}
     assert adv["b0:0:0"] == pytest.approx(-1.0)  # 0.0 against the baseline 1.0, not 0
-    third = await make_collector(aredis_client, redis_url, data_dir)
+    third = await make_collector(aredis_client, redis_url, data_dir, baseline_scope=scope)
     assert third.baselines.get("rules").count == 4
-    assert third.baselines.by_task == second.baselines.by_task != {}  # per task too
+    assert third.baselines.by_task == second.baselines.by_task  # per task too
+    assert (third.baselines.by_task != {}) == (scope == "task")
 
 
 async def test_dropped_task_baselines_leave_redis(
@@ -210,7 +212,9 @@ async def test_dropped_task_baselines_leave_redis(
 
     turns = [with_tool(scored_turn(f"t{i}", score=1.0), f"tool{i}") for i in range(3)]
     await publish_turns(aredis_client, turns[:2])
-    collector = await make_collector(aredis_client, redis_url, data_dir, baseline_max_tasks=2)
+    collector = await make_collector(
+        aredis_client, redis_url, data_dir, baseline_scope="task", baseline_max_tasks=2
+    )
     await run_steps(collector)
     first_two = set(collector.baselines.by_task)
     assert await stored() == {"rules", *first_two} and len(first_two) == 2
