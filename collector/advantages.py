@@ -1,4 +1,4 @@
-"""Advantages from judged scores: group-normalised, or against a running baseline per task.
+"""Advantages from judged scores: group-normalised, or against a running baseline.
 
 When a request asked for several samples (n > 1) they share a group key and arrive close
 together; `GroupAssembler` holds each group open for `group_wait_s` after its first sample,
@@ -8,15 +8,15 @@ baseline, an exponential moving average with bias correction, so the first score
 measured against an arbitrary zero.
 
 There is one baseline per judge and, with `baseline_scope = "task"`, one per judge and
-*task*: turns whose requests share a system prompt and a set of offered tools (`task_key`). Tasks differ in how
-often they please: a task the policy never gets right (a tool it does not call yet) scored
-against the judge-wide mean would push down every reply it gives, round after round, and
-with it whatever those replies share with the good replies of other tasks (their length,
-their opening). Against its own baseline a task that always fails teaches nothing, and its
-first success stands out. A task with fewer than `min_task_turns` scores uses the judge's
-baseline. The baselines are state that must survive a restart (a collector starting from
-zero would measure the next scores against nothing): `Baselines.dump`/`load` give them a
-JSON form the loop keeps in Redis.
+*task*: turns whose requests share a system prompt and a set of offered tools
+(`task_key`). Tasks differ in how often they please: a task the policy never gets right (a
+tool it does not call yet) scored against the judge-wide mean pushes down every reply it
+gives, round after round, and with it whatever those replies share with the good replies
+of other tasks (their length, their opening). Against its own baseline a task that always
+fails teaches nothing, and its first success stands out. A task with fewer than
+`min_task_turns` scores uses the judge's baseline. The baselines are state that must
+survive a restart (a collector starting from zero would measure the next scores against
+nothing): `Baselines.dump`/`load` give them a JSON form the loop keeps in Redis.
 """
 
 from __future__ import annotations

@@ -170,11 +170,11 @@ class Collector:
                     self.baselines.get(p.turn.judge).value
                 )
             self.ready.extend(group)
+        if dropped := self.baselines.take_dropped():  # before the write: one may be back
+            await self.client.hdel(keys.COLLECTOR_BASELINES, *dropped)
         if moved:
             state: Any = self.baselines.dump(moved)
             await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)
-        if dropped := self.baselines.take_dropped():
-            await self.client.hdel(keys.COLLECTOR_BASELINES, *dropped)
         await self._flush(now)
         self.metrics.pending.set(len(self.held))
 
