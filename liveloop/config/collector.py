@@ -72,8 +72,8 @@ class CollectorConfig(Section):
             "`baseline_min_task_turns` scores), so a task that always fails or always "
             "succeeds does not push its replies down or up against the others; for "
             "deployments where agents of very different success share a judge. Not the "
-            "default: two smollm2 demos with it gained +0.67 and +0.34 against +0.69 to "
-            "+0.72 with 'judge' (see the README)."
+            "default: two smollm2 demos with it gained +0.67 and +0.34, within the spread of "
+            "'judge' (+0.30 to +0.72; see the README)."
         ),
     )
     baseline_min_task_turns: int = Field(
