@@ -133,7 +133,7 @@ class Baselines:
     max_tasks: int = 256
     by_judge: dict[str, RunningBaseline] = field(default_factory=dict)
     by_task: dict[str, RunningBaseline] = field(default_factory=dict)  # oldest first
-    _dropped: list[str] = field(default_factory=list)
+    _dropped: list[str] = field(default_factory=list, init=False, repr=False)
 
     def get(self, judge: str) -> RunningBaseline:
         """The judge's baseline, created on first use."""
@@ -141,23 +141,25 @@ class Baselines:
             self.by_judge[judge] = RunningBaseline(self.decay)
         return self.by_judge[judge]
 
-    def value_for(self, turn: ScoredTurn) -> float:
-        """The baseline a lone turn is measured against."""
-        if self.scope == "task":
-            task = self.by_task.get(f"{turn.judge}{TASK_MARK}{task_key(turn)}")
-            if task is not None and task.count >= self.min_task_turns:
-                return task.value
+    def task_name(self, turn: ScoredTurn) -> str | None:
+        """The name of the turn's task baseline; None with scope "judge"."""
+        return f"{turn.judge}{TASK_MARK}{task_key(turn)}" if self.scope == "task" else None
+
+    def value_for(self, turn: ScoredTurn, task: str | None) -> float:
+        """The baseline a lone turn is measured against (`task`: its `task_name`)."""
+        baseline = self.by_task.get(task) if task is not None else None
+        if baseline is not None and baseline.count >= self.min_task_turns:
+            return baseline.value
         return self.get(turn.judge).value
 
-    def update(self, turn: ScoredTurn) -> None:
-        """Fold the turn's score into its judge's baseline (and its task's)."""
+    def update(self, turn: ScoredTurn, task: str | None) -> None:
+        """Fold the turn's score into its judge's baseline (and its task's, if `task`)."""
         self.get(turn.judge).update(turn.score)
-        if self.scope != "task":
+        if task is None:
             return
-        name = f"{turn.judge}{TASK_MARK}{task_key(turn)}"
-        task = self.by_task.pop(name, None) or RunningBaseline(self.decay)
-        task.update(turn.score)
-        self.by_task[name] = task  # now the most recent
+        baseline = self.by_task.pop(task, None) or RunningBaseline(self.decay)
+        baseline.update(turn.score)
+        self.by_task[task] = baseline  # now the most recent
         while len(self.by_task) > self.max_tasks:
             oldest = next(iter(self.by_task))
             del self.by_task[oldest]
@@ -196,6 +198,7 @@ class Baselines:
 
     def assign(self, group: list[PendingSample]) -> None:
         """Set the advantages of a closed group, then fold its scores into the baselines."""
+        tasks = [self.task_name(p.turn) for p in group]
         if len(group) >= 2:
             scores = [p.turn.score for p in group]
             mean = sum(scores) / len(scores)
@@ -203,9 +206,9 @@ class Baselines:
             for p in group:
                 p.advantage = 0.0 if std < GROUP_STD_EPS else (p.turn.score - mean) / std
         else:
-            group[0].advantage = group[0].turn.score - self.value_for(group[0].turn)
-        for p in group:
-            self.update(p.turn)
+            group[0].advantage = group[0].turn.score - self.value_for(group[0].turn, tasks[0])
+        for p, task in zip(group, tasks, strict=True):
+            self.update(p.turn, task)
 
 
 class GroupAssembler:

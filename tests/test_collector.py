@@ -173,7 +173,8 @@ def test_a_task_that_always_fails_is_measured_against_its_own_baseline() -> None
 def test_task_baselines_are_bounded_and_the_oldest_dropped() -> None:
     baselines = Baselines(decay=0.9, scope="task", max_tasks=2)
     for name in ("a", "b", "a", "c"):  # "b" is then the least recently scored
-        baselines.update(with_tool(scored_turn(name), name))
+        turn = with_tool(scored_turn(name), name)
+        baselines.update(turn, baselines.task_name(turn))
     kept = {n.split(TASK_MARK)[1] for n in baselines.by_task}
     assert kept == {task_key(with_tool(scored_turn("x"), n)) for n in ("a", "c")}
     (dropped,) = baselines.take_dropped()
