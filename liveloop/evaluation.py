@@ -62,14 +62,17 @@ def _cell(row: dict[str, Any], path: str, spec: str) -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """The rows as an aligned text table (refusal reasons listed under it)."""
+    """The rows as an aligned text table (reasons for refusals and rollbacks under it)."""
     if not rows:
         return "no policy versions recorded yet"
     cells = [[name for name, _p, _s in COLUMNS]]
     cells += [[_cell(row, path, spec) for _n, path, spec in COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    lines += [f"v{r['version']} refused: {r['reason']}" for r in rows if r["status"] == "rejected"]
+    said = {"rejected": "refused", "rolled_back": "rolled back"}
+    lines += [
+        f"v{r['version']} {said[r['status']]}: {r['reason']}" for r in rows if r["status"] in said
+    ]
     return "\n".join(lines)
 
 

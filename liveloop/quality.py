@@ -18,6 +18,7 @@ A turn belongs to the oldest version that produced one of its tokens.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,9 @@ class VersionQuality(BaseModel):
     judged: int = Field(0, description="Turns the judges scored.")
     unscored: int = Field(0, description="Turns no judge could score (no next state, failures).")
     mean_reward: float | None = Field(None, description="Mean judged score.")
+    reward_sd: float | None = Field(
+        None, description="Standard deviation of the judged scores (two or more of them)."
+    )
     unscored_share: float | None = Field(None, description="unscored / (judged + unscored).")
     mean_reply_words: float | None = Field(None, description="Mean reply length in words.")
     distinct_2: float | None = Field(None, description="Distinct reply word bigrams / bigrams.")
@@ -62,6 +66,7 @@ class VersionQuality(BaseModel):
             judged=judged,
             unscored=unscored,
             mean_reward=float(raw["score_sum"]) / judged if judged else None,
+            reward_sd=_sd(judged, float(raw.get("score_sum", 0)), raw.get("score_sq_sum")),
             unscored_share=unscored / finished if finished else None,
             mean_reply_words=float(raw.get("words", 0)) / finished if finished else None,
             distinct_2=min(1.0, distinct / bigrams) if bigrams else None,
@@ -69,6 +74,14 @@ class VersionQuality(BaseModel):
             kl_ref=float(raw["kl_sum"]) / tokens if tokens else None,
             ref_tokens=tokens,
         )
+
+
+def _sd(count: int, total: float, squares: Any) -> float | None:
+    """Sample standard deviation from a count, a sum and a sum of squares (None: unknown)."""
+    if count < 2 or squares is None:
+        return None
+    mean = total / count
+    return math.sqrt(max(float(squares) - count * mean * mean, 0.0) / (count - 1))
 
 
 @dataclass
@@ -103,6 +116,7 @@ class QualityStore:
         else:
             pipe.hincrby(key, "judged", 1)
             pipe.hincrbyfloat(key, "score_sum", float(score))
+            pipe.hincrbyfloat(key, "score_sq_sum", float(score) ** 2)
         pipe.hincrby(key, "words", len(WORD.findall(reply or "")))
         if bigrams:
             pipe.hincrby(key, "bigrams", len(bigrams))

@@ -46,6 +46,8 @@ from liveloop.trainer.probes import (
 
 log = logging.getLogger(__name__)
 
+KEPT_RESULTS = 16  # probe results of recent live versions, for a rollback to compare with
+
 
 class GateVerdict(BaseModel):
     """Whether a version may be served, why not, and what its probes showed."""
@@ -87,6 +89,7 @@ class PromotionGate:
         self.has_language = defaults.has_language  # else the topic and symbol rules are moot
         self.version0: ProbeResult | None = None
         self.serving: ProbeResult | None = None
+        self._live: dict[int, ProbeResult] = {}  # probes of recently accepted versions
         self._prompts: list[list[int]] | None = None
 
     def _sample(self, policy: Policy, version: int) -> tuple[Sampled, list[Any], list[Any]]:
@@ -129,9 +132,9 @@ class PromotionGate:
     async def start(self, policy: Policy, serving_version: int) -> None:
         """Probe version 0 (the drift baseline) and the version being served now."""
         self.version0 = await self.probe(policy, 0)
-        self.serving = self.version0
+        self.accepted(self.version0)
         if serving_version > 0:
-            self.serving = await self.probe(policy, serving_version)
+            self.accepted(await self.probe(policy, serving_version))
         log.info(
             "promotion gate ready: %d probes, version 0 reward %s, reference NLL %.3f",
             len(self.probes),
@@ -195,6 +198,14 @@ class PromotionGate:
     def accepted(self, result: ProbeResult) -> None:
         """A version went live: it is the one the next candidates are compared with."""
         self.serving = result
+        self._live[result.version] = result
+        while len(self._live) > KEPT_RESULTS:
+            del self._live[min(self._live)]
+
+    def serve_again(self, version: int) -> None:
+        """An earlier version's weights are live again (a rollback): compare with its probes."""
+        assert self.version0 is not None
+        self.serving = self._live.get(version, self.version0)
 
 
 def _fmt(value: float | None) -> str:

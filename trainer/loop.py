@@ -10,7 +10,9 @@ ones); version numbers are never reused. With several ranks, rank 0 broadcasts e
 message (a batch, a revert, idle, or stop) and the others run `follow()`. After a restart
 the trainer resumes from its newest accepted checkpoint: weights, optimizer state, version,
 and the batch ids it has applied, so a re-delivered batch is not trained twice. Alongside,
-it exports each version's quality on served traffic (`liveloop.trainer.reporting`).
+it exports each version's quality on served traffic (`liveloop.trainer.reporting`), and
+between updates its served-quality watch (`liveloop.trainer.watch`) compares the live
+versions' served reward and, after a clear fall, publishes the last good weights again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater, UpdateStats
 from liveloop.trainer.reporting import QualityReporter
 from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch, trainable_samples
+from liveloop.trainer.watch import Rollback, ServedWatch
 from liveloop.weights import setup_weight_transport
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,8 @@ class Trainer:
         self.updater: PPOUpdater | None = None
         self.gate: PromotionGate | None = None
         self.quality: QualityStore | None = None
+        self.watch: ServedWatch | None = None
+        self._next_watch = 0.0  # monotonic time of the watch's next look at served counters
         self.updates_done = 0
         self.rejected = 0
         self.refusals_in_row = 0  # the gate's refusals since the last accepted version
@@ -202,6 +207,10 @@ class Trainer:
         status = "failed"
         try:
             await self._start_gate(registry)
+            if self.cfg.watch.enabled:
+                self.watch = await asyncio.to_thread(
+                    ServedWatch.resume, self.cfg.watch, self.store, self.state
+                )
             await self._lead_through_outages(client, registry, run_id)
             status = "finished"
         finally:
@@ -280,6 +289,7 @@ class Trainer:
 
     async def _lead(self, source: BatchSource, publisher: Publisher) -> None:
         while True:
+            await self._watch_served(publisher)
             item, message = await self._next_message(source)
             if self.comm.world > 1:
                 await asyncio.to_thread(self.comm.broadcast, message)
@@ -340,11 +350,13 @@ class Trainer:
         probe = verdict.probe.model_dump() if verdict is not None else None
         await publisher.publish(state, path, probe)
         self.next_version += 1
+        if accepted and self.watch is not None:
+            self.watch.went_live(state.version)
         if accepted or self.cfg.gate.on_reject == "continue":
             self.state = state
         else:
             await self._revert(state)
-        protect = frozenset({self.version})
+        protect = frozenset({self.version}) | (self.watch.keep() if self.watch else frozenset())
         pruned = await asyncio.to_thread(self.store.prune, protect)
         await asyncio.to_thread(publisher.forget, pruned)
         await source.done(item)
@@ -377,6 +389,46 @@ class Trainer:
             await asyncio.to_thread(self.comm.broadcast, StepMessage("revert", version=target))
         await asyncio.to_thread(self._go_back, target)
         self.state.applied_batches = refused.applied_batches  # consumed, never to be redone
+
+    # -- the served-quality watch (rank 0) -----------------------------------------------
+
+    async def _watch_served(self, publisher: Publisher) -> None:
+        """Every few seconds, compare the live versions' served reward; roll back if bad."""
+        if self.watch is None or self.quality is None or time.monotonic() < self._next_watch:
+            return
+        self._next_watch = time.monotonic() + self.cfg.watch.check_interval_s
+        found = await self.quality.read(list(self.watch.pending))
+        rollback = self.watch.check({q.version: q for q in found})
+        if rollback is not None:
+            await self._roll_back(rollback, publisher)
+
+    async def _roll_back(self, rollback: Rollback, publisher: Publisher) -> None:
+        """Publish the good version's weights again, as a new version (on every rank)."""
+        assert self.watch is not None
+        log.warning("rolling back to v%d: %s", rollback.target, rollback.reason)
+        applied = self.state.applied_batches  # consumed, never to be redone
+        if self.comm.world > 1:
+            message = StepMessage("revert", version=rollback.target)
+            await asyncio.to_thread(self.comm.broadcast, message)
+        await asyncio.to_thread(self._go_back, rollback.target)
+        state = TrainerState(
+            version=self.next_version,
+            parent=rollback.target,
+            applied_batches=applied,
+            metrics=dict(self.state.metrics),
+            reason=f"the weights of v{rollback.target} again: {rollback.reason}",
+        )
+        path = await asyncio.to_thread(self._save, state)
+        await publisher.publish(state, path)
+        why = f"{rollback.reason}; rolled back to v{rollback.target} as v{state.version}"
+        await asyncio.to_thread(publisher.mark_rolled_back, rollback.abandoned, why)
+        self.state, self.next_version = state, self.next_version + 1
+        self.watch.rolled_back(state.version)
+        if self.gate is not None:
+            self.gate.serve_again(rollback.target)
+        self.refusals_in_row += 1  # the next update steps more carefully, as after a refusal
+        self.metrics.rollbacks.inc()
+        self.metrics.version.set(self.version)
 
     def _save(self, state: TrainerState) -> Path:
         updater = self._updater()

@@ -66,6 +66,11 @@ class TrainerMetrics:
         )
         for outcome in ("accepted", "rejected"):
             self.gate_verdicts.labels(outcome)
+        self.rollbacks = Counter(
+            "liveloop_trainer_rollbacks",
+            "Served versions rolled back by the served-quality watch (their served reward fell).",
+            registry=r,
+        )
         self.gate_seconds = Gauge(
             "liveloop_gate_seconds", "Time the last gate evaluation took.", registry=r
         )

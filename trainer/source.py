@@ -203,14 +203,19 @@ class Publisher:
             state.version, path, state.parent, state.metrics, status=status, reason=state.reason
         )
 
+    def mark_rolled_back(self, versions: list[int], reason: str) -> None:
+        """Record that these served versions were rolled back by the served-quality watch."""
+        for version in versions:
+            self.registry.set_model_version_status(version, "rolled_back", reason)
+
     def forget(self, versions: list[int]) -> None:
         """Drop pruned versions from the registry (their checkpoints are gone).
 
-        Refused versions stay, marked rejected with their reason: the record of a refusal
+        Refused and rolled-back versions stay, with their reason: the record of a refusal
         matters more than the checkpoint it refused.
         """
         for version in versions:
             info = self.registry.get_model_version(version)
-            if info is not None and info.status == "rejected":
+            if info is not None and info.status != "accepted":
                 continue
             self.registry.delete_model_version(version)

@@ -272,10 +272,13 @@ LEARNING = DashboardSpec(
               kind="bargauge"),
             P("Unscored share per version", "Share of each version's turns no judge could "
               "score.", [quality("unscored_share")], kind="bargauge", unit="percentunit"),
-            P("Promotion gate verdicts", "Candidate versions the gate accepted or rejected "
-              "in the time range (rejected versions are never served).",
+            P("Promotion gate verdicts and rollbacks", "Candidate versions the gate "
+              "accepted or rejected in the time range (rejected versions are never served), "
+              "and served versions the served-quality watch rolled back.",
               [("sum by (outcome) (increase(liveloop_gate_verdicts_total[$__range]))",
-                "{{outcome}}")], kind="stat"),
+                "{{outcome}}"),
+               ("sum(increase(liveloop_trainer_rollbacks_total[$__range]))", "rolled back")],
+              kind="stat"),
             P("Last candidate's probe", "The gate's measures of the last candidate (reward, "
               "reference NLL, KL, topic rate, words).",
               [("max by (measure) (liveloop_gate_probe)", "{{measure}}")], kind="bargauge"),

@@ -7,6 +7,7 @@ from pydantic import Field
 from liveloop.config.base import Objective, Section
 from liveloop.config.gate import GateSettings
 from liveloop.config.opd import OPDSettings
+from liveloop.config.watch import WatchSettings
 
 
 class LoraSettings(Section):
@@ -106,4 +107,5 @@ class TrainerConfig(Section):
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
+    watch: WatchSettings = Field(default_factory=WatchSettings)
     opd: OPDSettings = Field(default_factory=OPDSettings)

@@ -179,13 +179,14 @@ def _pacing(summary: dict[str, Any]) -> str:
 def render_markdown(summary: dict[str, Any]) -> str:
     """A human-readable report."""
     rejected = summary.get("rejected_versions") or []
+    rolled_back = summary.get("rolled_back_versions") or []
     lines = [
         "# LiveLoop demo report",
         "",
         f"Model: `{summary.get('model', '?')}`; {summary.get('minutes', '?')} minutes; "
         f"{summary['judged_turns']} judged turns{_judged_on(summary)}; "
         f"{summary['policy_versions']} policy versions served; {len(rejected)} refused by the "
-        f"promotion gate.{_pacing(summary)}",
+        f"promotion gate; {len(rolled_back)} rolled back after serving.{_pacing(summary)}",
         "",
         *_headline(summary),
         "",
@@ -217,6 +218,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
     if rejected:
         lines += ["", "## Versions the promotion gate refused", ""]
         lines += [f"- v{v}: {(platform.get(str(v)) or {}).get('reason')}" for v in rejected]
+    if rolled_back:
+        lines += ["", "## Versions rolled back after serving (the served-quality watch)", ""]
+        lines += [f"- v{v}: {(platform.get(str(v)) or {}).get('reason')}" for v in rolled_back]
     return "\n".join(lines) + "\n"
 
 

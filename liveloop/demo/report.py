@@ -169,9 +169,10 @@ def add_registry_quality(summary: dict[str, Any], db_url: str) -> None:
         entry = platform.setdefault(str(info.version), {})
         entry.update(status=info.status, reason=info.reason)
     summary["platform"] = dict(sorted(platform.items(), key=lambda kv: int(kv[0])))
-    summary["rejected_versions"] = sorted(
-        int(v) for v, entry in platform.items() if entry.get("status") == "rejected"
-    )
+    for status in ("rejected", "rolled_back"):
+        summary[f"{status}_versions"] = sorted(
+            int(v) for v, entry in platform.items() if entry.get("status") == status
+        )
 
 
 TRAINING_MEANS = ("seconds", "hint_share", "opd_samples", "opd_advantage", "opd_seconds")

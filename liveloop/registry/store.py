@@ -311,6 +311,14 @@ class Registry:
                 for row in session.scalars(query)
             ]
 
+    def set_model_version_status(self, version: int, status: str, reason: str | None) -> None:
+        """Change a recorded version's status (e.g. "rolled_back") and reason; unknown: no-op."""
+        with self._guard("set_model_version_status"), self._tx() as session:
+            row = session.get(ModelVersion, version)
+            if row is not None:
+                row.status = status
+                row.reason = reason[:2048] if reason else None
+
     def delete_model_version(self, version: int) -> None:
         """Forget a version (its children keep their parent number); unknown: no-op."""
         with self._guard("delete_model_version"), self._tx() as session:

@@ -1,0 +1,47 @@
+"""Settings of the served-quality watch, which rolls back a version whose served turns went bad."""
+
+from pydantic import Field
+
+from liveloop.config.base import Section
+
+
+class WatchSettings(Section):
+    """After a version goes live, its judged served turns are compared with earlier versions'.
+
+    The promotion gate judges a handful of probe replies before a version is served; the
+    watch judges what it actually served. When a version's mean served reward falls below
+    the best of the last `lookback` good versions by more than `reward_margin`, and the gap
+    is larger than `z` standard errors of the two means (so a few unlucky turns do not
+    trigger it), the trainer goes back to that good version's weights and publishes them as
+    a new version; the bad version and its successors are marked `rolled_back`.
+    """
+
+    enabled: bool = Field(True, description="Watch each served version and roll back bad ones.")
+    min_turns: int = Field(
+        20,
+        ge=2,
+        description="Judged served turns a version needs before it is compared (a version "
+        "replaced before it had them is skipped once a later one has them).",
+    )
+    reward_margin: float = Field(
+        0.3,
+        ge=0,
+        le=2,
+        description="Roll back only when the mean served reward is below the good version's "
+        "by more than this.",
+    )
+    z: float = Field(
+        2.33,
+        ge=0,
+        description="... and by more than this many standard errors of the difference of the "
+        "two means (2.33: about a 1% chance that two equal versions trigger it).",
+    )
+    lookback: int = Field(
+        3,
+        ge=1,
+        description="Good versions kept to compare with (the best of them); their checkpoints "
+        "are kept on disk, beyond trainer.keep_checkpoints, so that one can be served again.",
+    )
+    check_interval_s: float = Field(
+        5.0, gt=0, description="How often the trainer reads the served counters."
+    )

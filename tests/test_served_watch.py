@@ -1,0 +1,120 @@
+"""The served-quality watch: a version whose served turns went bad is rolled back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aredis
+from safetensors.torch import load_file
+
+from liveloop.collector.writer import BatchWriter
+from liveloop.config.watch import WatchSettings
+from liveloop.evaluation import format_table, quality_rows
+from liveloop.quality import QualityStore, VersionQuality
+from liveloop.registry import Registry
+from liveloop.trainer.watch import ServedWatch
+from tests.test_collector_support import settings_for, trainer_of
+from tests.test_quality_and_gate import _announced
+from tests.test_trainer import make_samples
+
+
+def served(version: int, judged: int, mean: float, sd: float) -> VersionQuality:
+    return VersionQuality(version=version, judged=judged, mean_reward=mean, reward_sd=sd)
+
+
+def test_only_a_clear_fall_in_served_reward_is_rolled_back() -> None:
+    """A fall must beat both the margin and the noise; short-lived versions are skipped."""
+    settings = WatchSettings(min_turns=20, reward_margin=0.3, z=2.33)
+    watch = ServedWatch(settings, [0], loadable=lambda version: version != 2)
+    for version in (1, 2, 3, 4):
+        watch.went_live(version)
+    found = {0: served(0, 40, -0.2, 0.7), 1: served(1, 5, -0.9, 0.1)}
+    assert watch.check(found) is None  # v1 has too few turns, and nothing after it has more
+    assert watch.pending == [1, 2, 3, 4] and [s.version for s in watch.good] == [0]
+
+    # v2: 0.4 below v0 (beyond the margin) but over 20 noisy turns, z = 1.7: not a rollback.
+    # v3: significantly below v0 (z = 5.7) but by 0.25, inside the margin: not one either.
+    found |= {2: served(2, 20, -0.6, 0.9), 3: served(3, 100, -0.45, 0.1)}
+    assert watch.check(found) is None
+    assert watch.pending == [4] and [s.version for s in watch.good] == [0, 3]  # v1 skipped,
+    # v2 passed but its checkpoint is gone: it cannot be gone back to
+
+    found[4] = served(4, 24, -0.9, 0.3)  # 0.7 below the best good version, z = 5.5
+    rollback = watch.check(found)
+    assert rollback is not None
+    assert (rollback.target, rollback.culprit, rollback.abandoned) == (0, 4, [4])
+    assert "v4 -0.900 over 24 turns is below v0 -0.200 over 40 turns" in rollback.reason
+    assert watch.keep() == {0, 3}  # the good ones stay on disk
+
+    watch.rolled_back(5)
+    assert watch.pending == [5] and watch.rollbacks == 1
+    assert watch.check(found | {5: served(5, 3, 0.0, 1.0)}) is None
+
+
+async def _write_turns(client: aredis.Redis, version: int, scores: list[float]) -> None:
+    async with client.pipeline(transaction=False) as pipe:
+        for score in scores:
+            QualityStore.queue_turn(pipe, version, score, "a reply of a few words")
+        await pipe.execute()
+
+
+def _weights(path: str) -> dict[str, object]:
+    [file] = Path(path).glob("*.safetensors")
+    return dict(load_file(file))
+
+
+async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """End to end: served counters -> the trainer's watch -> a new version with good weights."""
+    writer = BatchWriter(aredis_client, data_dir)
+    for seed in (31, 32):
+        await writer.write(make_samples(4, seed=seed), 0)
+    trainer_cfg = {
+        "lr": 1e-3,
+        "gate": {"enabled": False},
+        "watch": {"min_turns": 8, "check_interval_s": 0.05},
+    }
+    first = trainer_of(settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 2}))
+    await first.run()
+    assert first.version == 2 and first.watch is not None and first.watch.rollbacks == 0
+
+    await _write_turns(aredis_client, 0, [0.5, 1.0] * 4)  # mean 0.75
+    await _write_turns(aredis_client, 1, [1.0] * 10)  # better: the one to go back to
+    await _write_turns(aredis_client, 2, [-1.0, -0.5] * 5)  # what v2 served was bad
+    [v0] = await QualityStore(aredis_client).read([0])
+    assert v0.reward_sd == pytest.approx(0.2673, abs=1e-4)  # sample sd of four 0.5s, four 1s
+
+    await writer.write(make_samples(4, seed=33), 2)
+    second = trainer_of(
+        settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 1})
+    )
+    await second.run()  # resumes from v2; sees v2's turns; rolls back; then trains the batch
+    assert second.watch is not None and second.watch.rollbacks == 1
+    assert second.metrics.registry.get_sample_value("liveloop_trainer_rollbacks_total") == 1
+    assert second.version == 4
+
+    announced = await _announced(aredis_client)
+    assert [(a.version, a.parent, a.status) for a in announced] == [
+        (1, 0, "accepted"),
+        (2, 1, "accepted"),
+        (3, 1, "accepted"),  # v1's weights, served again under a new number
+        (4, 3, "accepted"),
+    ]
+    assert announced[2].reason and announced[2].reason.startswith("the weights of v1 again")
+    paths = {a.version: a.path for a in announced}
+    again, good, bad = _weights(paths[3]), _weights(paths[1]), _weights(paths[2])
+    assert again.keys() == good.keys()
+    assert all(again[k].equal(good[k]) for k in good)  # type: ignore[attr-defined]
+    assert not all(again[k].equal(bad[k]) for k in bad)  # type: ignore[attr-defined]
+
+    db_url = settings_for(redis_url, data_dir).effective_db_url
+    with Registry.open(db_url) as registry:
+        rows = {v.version: v for v in registry.list_model_versions()}
+    assert rows[2].status == "rolled_back" and rows[2].reason
+    assert "below v1 +1.000 over 10 turns" in rows[2].reason
+    assert rows[2].reason.endswith("rolled back to v1 as v3")
+    assert [rows[v].status for v in (1, 3, 4)] == ["accepted"] * 3
+    printed = format_table(quality_rows(db_url))  # what `liveloop eval` prints
+    assert f"v2 rolled back: {rows[2].reason}" in printed.splitlines()

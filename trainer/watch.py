@@ -1,0 +1,142 @@
+"""The served-quality watch: a version whose served turns went bad is rolled back.
+
+The promotion gate decides on a few probe replies before a version is served, and it can
+miss a version that then serves hundreds of bad replies. Every version's judged served
+turns are counted per version in Redis (`liveloop.quality`), so the trainer can look back:
+once a live version has `min_turns` judged turns, its mean served reward is compared with
+the best of the last few versions that passed this check. If it is lower by more than a
+margin *and* by more than `z` standard errors of the difference (a plain two-sample z
+test, so a few unlucky turns do not trigger it), `ServedWatch.check` returns a `Rollback`:
+the trainer loads that good version's weights and publishes them under a new version
+number (servers only ever move forward), and the bad version and the versions trained
+from it are marked `rolled_back` in the registry.
+
+The watch remembers the versions in the order they went live, and keeps the checkpoints of
+the good ones it compares with. A version whose checkpoint was pruned before it had enough
+turns is checked but cannot be gone back to. After a restart the watch starts again from
+the current version's ancestors whose checkpoints are still on disk.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from liveloop.config.watch import WatchSettings
+from liveloop.quality import VersionQuality
+from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
+
+MAX_PENDING = 32  # live versions awaiting their turns (when none is ever judged, the oldest go)
+UNKNOWN_SD = 1.0  # counters written before the sum of squares was kept: assume a wide spread
+
+
+@dataclass(frozen=True)
+class Served:
+    """One version's judged served turns: how many, their mean score and its spread."""
+
+    version: int
+    judged: int
+    mean: float
+    sd: float
+
+    @classmethod
+    def of(cls, quality: VersionQuality) -> Served:
+        """From a version's counters (which must have a mean reward)."""
+        assert quality.mean_reward is not None
+        sd = quality.reward_sd if quality.reward_sd is not None else UNKNOWN_SD
+        return cls(quality.version, quality.judged, quality.mean_reward, sd)
+
+    def describe(self) -> str:
+        """E.g. 'v3 -0.750 over 24 turns'."""
+        return f"v{self.version} {self.mean:+.3f} over {self.judged} turns"
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Go back to `target`'s weights: `culprit` served worse, and so may its successors."""
+
+    target: int
+    culprit: int
+    abandoned: list[int]  # the culprit and every version that went live after it
+    reason: str
+
+
+class ServedWatch:
+    """Compares each live version's served reward with the best recent good version's."""
+
+    def __init__(
+        self, cfg: WatchSettings, lineage: Iterable[int], loadable: Callable[[int], bool]
+    ) -> None:
+        self.cfg = cfg
+        self.loadable = loadable  # whether a version's weights are still there to go back to
+        self.pending: list[int] = list(lineage)  # live versions not checked yet, oldest first
+        self.good: deque[Served] = deque(maxlen=cfg.lookback)
+        self.rollbacks = 0
+
+    @classmethod
+    def resume(cls, cfg: WatchSettings, store: CheckpointStore, state: TrainerState) -> ServedWatch:
+        """A watch of the current version and its last few ancestors still on disk."""
+
+        def loadable(version: int) -> bool:  # version 0 is the base model
+            return version == 0 or version in store.versions()
+
+        chain, parent = [state.version], state.parent
+        while parent is not None and len(chain) <= cfg.lookback and loadable(parent):
+            chain.append(parent)
+            parent = store.load_state(parent).parent if parent else None
+        return cls(cfg, reversed(chain), loadable)
+
+    def went_live(self, version: int) -> None:
+        """A new version is being served (accepted by the gate, or there is no gate)."""
+        self.pending = [*self.pending, version][-MAX_PENDING:]
+
+    def keep(self) -> frozenset[int]:
+        """Versions whose checkpoints must stay on disk: the good ones, to go back to."""
+        return frozenset(s.version for s in self.good)
+
+    def check(self, served: dict[int, VersionQuality]) -> Rollback | None:
+        """Check the pending versions, oldest first, as far as their turns allow."""
+        while self.pending:
+            version = self.pending[0]
+            if not self._settled(served.get(version)):
+                if any(self._settled(served.get(v)) for v in self.pending[1:]):
+                    self.pending.pop(0)  # replaced before it served enough turns to judge
+                    continue
+                return None
+            candidate = Served.of(served[version])
+            rollback = self._compare(candidate)
+            if rollback is not None:
+                return rollback
+            if self.loadable(version):  # else it cannot be served again: no reference
+                self.good.append(candidate)
+            self.pending.pop(0)
+        return None
+
+    def rolled_back(self, new_version: int) -> None:
+        """The target's weights are live again as `new_version`; forget the abandoned ones."""
+        self.pending = [new_version]
+        self.rollbacks += 1
+
+    def _settled(self, quality: VersionQuality | None) -> bool:
+        return (
+            quality is not None
+            and quality.mean_reward is not None
+            and quality.judged >= self.cfg.min_turns
+        )
+
+    def _compare(self, candidate: Served) -> Rollback | None:
+        if not self.good:
+            return None
+        best = max(self.good, key=lambda s: (s.mean, s.version))
+        gap = best.mean - candidate.mean
+        error = math.sqrt(best.sd**2 / best.judged + candidate.sd**2 / candidate.judged)
+        z = gap / error if error > 0 else math.inf if gap > 0 else 0.0
+        if gap <= self.cfg.reward_margin or z <= self.cfg.z:
+            return None
+        reason = (
+            f"served reward {candidate.describe()} is below {best.describe()} by {gap:.3f} "
+            f"(> {self.cfg.reward_margin:g}, and {z:.1f} > {self.cfg.z:g} standard errors)"
+        )
+        return Rollback(best.version, candidate.version, list(self.pending), reason)
