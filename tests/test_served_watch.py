@@ -34,18 +34,21 @@ def test_only_a_clear_fall_in_served_reward_is_rolled_back() -> None:
     assert watch.pending == [1, 2, 3, 4] and [s.version for s in watch.good] == [0]
 
     # v2: 0.4 below v0 (beyond the margin) but over 20 noisy turns, z = 1.7: not a rollback.
-    # v3: significantly below v0 (z = 5.7) but by 0.25, inside the margin: not one either.
-    found |= {2: served(2, 20, -0.6, 0.9), 3: served(3, 100, -0.45, 0.1)}
+    # v3: significantly below v0 and v2 together (-0.333, z = 2.6) but by 0.27, inside the
+    # margin: not one either.
+    found |= {2: served(2, 20, -0.6, 0.9), 3: served(3, 100, -0.6, 0.1)}
     assert watch.check(found) is None
-    assert watch.pending == [4] and [s.version for s in watch.good] == [0, 3]  # v1 skipped,
-    # v2 passed but its checkpoint is gone: it cannot be gone back to
+    assert watch.pending == [4] and [s.version for s in watch.good] == [0, 2, 3]  # v1 skipped
 
-    found[4] = served(4, 24, -0.9, 0.3)  # 0.7 below the best good version, z = 5.5
+    found[4] = served(4, 24, -0.9, 0.3)  # 0.4 below v0, v2 and v3 together, z = 5.5
     rollback = watch.check(found)
-    assert rollback is not None
-    assert (rollback.target, rollback.culprit, rollback.abandoned) == (0, 4, [4])
-    assert "v4 -0.900 over 24 turns is below v0 -0.200 over 40 turns" in rollback.reason
-    assert watch.keep() == {0, 3}  # the good ones stay on disk
+    assert rollback is not None  # to the newest good version still on disk (v2's is gone)
+    assert (rollback.target, rollback.culprit, rollback.abandoned) == (3, 4, [4])
+    assert rollback.reason.startswith(
+        "served reward v4 -0.900 over 24 turns is below the last good versions' "
+        "(v0, v2, v3: -0.500 over 160 turns) by 0.400 (> 0.3, and 5.5 > 2.33 standard errors)"
+    )
+    assert watch.keep() == {0, 2, 3}  # the good ones stay on disk
 
     watch.rolled_back(5)
     assert watch.pending == [5] and watch.rollbacks == 1
@@ -113,7 +116,7 @@ async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
     with Registry.open(db_url) as registry:
         rows = {v.version: v for v in registry.list_model_versions()}
     assert rows[2].status == "rolled_back" and rows[2].reason
-    assert "below v1 +1.000 over 10 turns" in rows[2].reason
+    assert "below the last good versions' (v0, v1: +0.889 over 18 turns)" in rows[2].reason
     assert rows[2].reason.endswith("rolled back to v1 as v3")
     assert [rows[v].status for v in (1, 3, 4)] == ["accepted"] * 3
     printed = format_table(quality_rows(db_url))  # what `liveloop eval` prints

@@ -420,8 +420,14 @@ class Trainer:
         )
         path = await asyncio.to_thread(self._save, state)
         await publisher.publish(state, path)
-        why = f"{rollback.reason}; rolled back to v{rollback.target} as v{state.version}"
-        await asyncio.to_thread(publisher.mark_rolled_back, rollback.abandoned, why)
+        rolled = f"rolled back to v{rollback.target} as v{state.version}"
+        reasons = {
+            v: f"{rollback.reason}; {rolled}"
+            if v == rollback.culprit
+            else f"went live after v{rollback.culprit}, {rolled} with it"
+            for v in rollback.abandoned
+        }
+        await asyncio.to_thread(publisher.mark_rolled_back, reasons)
         self.state, self.next_version = state, self.next_version + 1
         self.watch.rolled_back(state.version)
         if self.gate is not None:

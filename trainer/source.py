@@ -203,9 +203,9 @@ class Publisher:
             state.version, path, state.parent, state.metrics, status=status, reason=state.reason
         )
 
-    def mark_rolled_back(self, versions: list[int], reason: str) -> None:
-        """Record that these served versions were rolled back by the served-quality watch."""
-        for version in versions:
+    def mark_rolled_back(self, reasons: dict[int, str]) -> None:
+        """Record that these served versions were rolled back (served-quality watch), and why."""
+        for version, reason in reasons.items():
             self.registry.set_model_version_status(version, "rolled_back", reason)
 
     def forget(self, versions: list[int]) -> None:

@@ -4,16 +4,17 @@ The promotion gate decides on a few probe replies before a version is served, an
 miss a version that then serves hundreds of bad replies. Every version's judged served
 turns are counted per version in Redis (`liveloop.quality`), so the trainer can look back:
 once a live version has `min_turns` judged turns, its mean served reward is compared with
-the best of the last few versions that passed this check. If it is lower by more than a
-margin *and* by more than `z` standard errors of the difference (a plain two-sample z
+the turns of the last few versions that passed this check, taken together (not with the
+best of them: the best of a few noisy means is high by luck). If it is lower by more than
+a margin *and* by more than `z` standard errors of the difference (a plain two-sample z
 test, so a few unlucky turns do not trigger it), `ServedWatch.check` returns a `Rollback`:
-the trainer loads that good version's weights and publishes them under a new version
+the trainer loads the newest good version's weights and publishes them under a new version
 number (servers only ever move forward), and the bad version and the versions trained
 from it are marked `rolled_back` in the registry.
 
 The watch remembers the versions in the order they went live, and keeps the checkpoints of
 the good ones it compares with. A version whose checkpoint was pruned before it had enough
-turns is checked but cannot be gone back to. After a restart the watch starts again from
+turns counts in the comparison but cannot be gone back to. After a restart the watch starts again from
 the current version's ancestors whose checkpoints are still on disk.
 """
 
@@ -53,6 +54,15 @@ class Served:
         return f"v{self.version} {self.mean:+.3f} over {self.judged} turns"
 
 
+def pooled(group: Iterable[Served]) -> tuple[float, float, int]:
+    """Mean, standard deviation and count of the turns of several versions taken together."""
+    items = list(group)
+    count = sum(s.judged for s in items)
+    mean = sum(s.mean * s.judged for s in items) / count
+    squares = sum((s.judged - 1) * s.sd**2 + s.judged * s.mean**2 for s in items)
+    return mean, math.sqrt(max(squares - count * mean**2, 0.0) / max(count - 1, 1)), count
+
+
 @dataclass(frozen=True)
 class Rollback:
     """Go back to `target`'s weights: `culprit` served worse, and so may its successors."""
@@ -64,7 +74,7 @@ class Rollback:
 
 
 class ServedWatch:
-    """Compares each live version's served reward with the best recent good version's."""
+    """Compares each live version's served reward with the recent good versions' together."""
 
     def __init__(
         self, cfg: WatchSettings, lineage: Iterable[int], loadable: Callable[[int], bool]
@@ -109,8 +119,7 @@ class ServedWatch:
             rollback = self._compare(candidate)
             if rollback is not None:
                 return rollback
-            if self.loadable(version):  # else it cannot be served again: no reference
-                self.good.append(candidate)
+            self.good.append(candidate)
             self.pending.pop(0)
         return None
 
@@ -127,16 +136,20 @@ class ServedWatch:
         )
 
     def _compare(self, candidate: Served) -> Rollback | None:
-        if not self.good:
+        """A rollback to the newest good version still on disk, if the candidate fell."""
+        targets = [s.version for s in self.good if self.loadable(s.version)]
+        if not targets:
             return None
-        best = max(self.good, key=lambda s: (s.mean, s.version))
-        gap = best.mean - candidate.mean
-        error = math.sqrt(best.sd**2 / best.judged + candidate.sd**2 / candidate.judged)
+        mean, sd, count = pooled(self.good)
+        gap = mean - candidate.mean
+        error = math.sqrt(sd**2 / count + candidate.sd**2 / candidate.judged)
         z = gap / error if error > 0 else math.inf if gap > 0 else 0.0
         if gap <= self.cfg.reward_margin or z <= self.cfg.z:
             return None
+        names = ", ".join(f"v{s.version}" for s in self.good)
         reason = (
-            f"served reward {candidate.describe()} is below {best.describe()} by {gap:.3f} "
-            f"(> {self.cfg.reward_margin:g}, and {z:.1f} > {self.cfg.z:g} standard errors)"
+            f"served reward {candidate.describe()} is below the last good versions' "
+            f"({names}: {mean:+.3f} over {count} turns) by {gap:.3f} (> "
+            f"{self.cfg.reward_margin:g}, and {z:.1f} > {self.cfg.z:g} standard errors)"
         )
-        return Rollback(best.version, candidate.version, list(self.pending), reason)
+        return Rollback(targets[-1], candidate.version, list(self.pending), reason)

@@ -10,10 +10,11 @@ class WatchSettings(Section):
 
     The promotion gate judges a handful of probe replies before a version is served; the
     watch judges what it actually served. When a version's mean served reward falls below
-    the best of the last `lookback` good versions by more than `reward_margin`, and the gap
-    is larger than `z` standard errors of the two means (so a few unlucky turns do not
-    trigger it), the trainer goes back to that good version's weights and publishes them as
-    a new version; the bad version and its successors are marked `rolled_back`.
+    that of the last `lookback` good versions' turns together by more than `reward_margin`,
+    and the gap is larger than `z` standard errors of the two means (so a few unlucky turns
+    do not trigger it), the trainer goes back to the newest good version's weights and
+    publishes them as a new version; the bad version and its successors are marked
+    `rolled_back`.
     """
 
     enabled: bool = Field(True, description="Watch each served version and roll back bad ones.")
@@ -27,7 +28,7 @@ class WatchSettings(Section):
         0.3,
         ge=0,
         le=2,
-        description="Roll back only when the mean served reward is below the good version's "
+        description="Roll back only when the mean served reward is below the good versions' "
         "by more than this.",
     )
     z: float = Field(
@@ -39,8 +40,9 @@ class WatchSettings(Section):
     lookback: int = Field(
         3,
         ge=1,
-        description="Good versions kept to compare with (the best of them); their checkpoints "
-        "are kept on disk, beyond trainer.keep_checkpoints, so that one can be served again.",
+        description="Good versions whose turns, together, a version is compared with; their "
+        "checkpoints are kept on disk, beyond trainer.keep_checkpoints, so that the newest can "
+        "be served again.",
     )
     check_interval_s: float = Field(
         5.0, gt=0, description="How often the trainer reads the served counters."

@@ -186,7 +186,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"Model: `{summary.get('model', '?')}`; {summary.get('minutes', '?')} minutes; "
         f"{summary['judged_turns']} judged turns{_judged_on(summary)}; "
         f"{summary['policy_versions']} policy versions served; {len(rejected)} refused by the "
-        f"promotion gate; {len(rolled_back)} rolled back after serving.{_pacing(summary)}",
+        f"promotion gate; {len(rolled_back)} rolled back by the served-quality watch."
+        f"{_pacing(summary)}",
         "",
         *_headline(summary),
         "",
@@ -219,7 +220,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines += ["", "## Versions the promotion gate refused", ""]
         lines += [f"- v{v}: {(platform.get(str(v)) or {}).get('reason')}" for v in rejected]
     if rolled_back:
-        lines += ["", "## Versions rolled back after serving (the served-quality watch)", ""]
+        lines += ["", "## Versions the served-quality watch rolled back", ""]
         lines += [f"- v{v}: {(platform.get(str(v)) or {}).get('reason')}" for v in rolled_back]
     return "\n".join(lines) + "\n"
 

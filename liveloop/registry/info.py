@@ -41,7 +41,7 @@ class ModelVersionInfo:
     created_at: datetime
     metrics: dict[str, float]
     run_id: int | None
-    status: str = "accepted"  # or "rejected" (by the promotion gate: never served)
+    status: str = "accepted"  # "rejected" (by the promotion gate: never served), "rolled_back"
     reason: str | None = None
 
 

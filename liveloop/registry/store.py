@@ -220,7 +220,8 @@ class Registry:
     ) -> None:
         """Record a policy version; recording a version that exists already is a no-op.
 
-        `status` "rejected" marks a version the promotion gate refused (`reason` says why).
+        `status` "rejected" marks a version the promotion gate refused (`reason` says why);
+        the served-quality watch later turns a served one into "rolled_back".
         """
         with self._guard("add_model_version"):
             try:
