@@ -55,6 +55,32 @@ def test_only_a_clear_fall_in_served_reward_is_rolled_back() -> None:
     assert watch.check(found | {5: served(5, 3, 0.0, 1.0)}) is None
 
 
+def test_a_version_whose_served_replies_drifted_is_rolled_back_once_measured() -> None:
+    """The reference-NLL bound waits for a version's served tokens, then compares them."""
+    found = {0: VersionQuality(version=0, judged=40, mean_reward=-0.5, reward_sd=0.8,
+                               ref_nll=2.8, ref_tokens=1500)}  # fmt: skip
+    found[1] = served(1, 25, -0.5, 0.8)  # judged, but none of its tokens measured yet
+    found[2] = served(2, 24, -0.4, 0.8)
+    watch = ServedWatch(WatchSettings(min_turns=20), [0, 1, 2], lambda v: True, drift=True)
+    assert watch.wanted() == [0, 1, 2]
+    assert watch.check(found) is None and watch.pending == [1, 2]  # they wait for their tokens
+    assert watch.version0_nll == 2.8
+
+    found[1] = found[1].model_copy(update={"ref_nll": 3.0, "ref_tokens": 900})  # 1.07 x v0's
+    found[2] = found[2].model_copy(update={"ref_nll": 4.2, "ref_tokens": 800})  # 1.5 x
+    rollback = watch.check(found)  # v2's reward is fine; its replies are 1.5 x v0's NLL
+    assert rollback is not None and (rollback.target, rollback.culprit) == (1, 2)
+    assert rollback.reason == (
+        "reference NLL of v2's served replies 4.200 per token (over 800 tokens) > 1.4 x "
+        "version 0's 2.800"
+    )
+    assert rollback.reasons(3) == {2: f"{rollback.reason}; rolled back to v1 as v3"}
+
+    # Where drift is not measured (or the model has no language), only the reward counts.
+    unmeasured = ServedWatch(WatchSettings(min_turns=20), [0, 1, 2], lambda v: True)
+    assert unmeasured.check(found) is None and unmeasured.pending == []
+
+
 async def _write_turns(client: aredis.Redis, version: int, scores: list[float]) -> None:
     async with client.pipeline(transaction=False) as pipe:
         for score in scores:

@@ -208,9 +208,7 @@ class Trainer:
         try:
             await self._start_gate(registry)
             if self.cfg.watch.enabled:
-                self.watch = await asyncio.to_thread(
-                    ServedWatch.resume, self.cfg.watch, self.store, self.state
-                )
+                self.watch = await asyncio.to_thread(self._resume_watch)
             await self._lead_through_outages(client, registry, run_id)
             status = "finished"
         finally:
@@ -392,12 +390,18 @@ class Trainer:
 
     # -- the served-quality watch (rank 0) -----------------------------------------------
 
+    def _resume_watch(self) -> ServedWatch:
+        """The watch, with the reference-NLL bound where served drift is measured."""
+        drift = bool(self.cfg.kl_coef) or self.cfg.measure_drift
+        drift = drift and model_defaults(self.shared.model).has_language
+        return ServedWatch.resume(self.cfg.watch, self.store, self.state, drift=drift)
+
     async def _watch_served(self, publisher: Publisher) -> None:
         """Every few seconds, compare the live versions' served reward; roll back if bad."""
         if self.watch is None or self.quality is None or time.monotonic() < self._next_watch:
             return
         self._next_watch = time.monotonic() + self.cfg.watch.check_interval_s
-        found = await self.quality.read(list(self.watch.pending))
+        found = await self.quality.read(self.watch.wanted())
         rollback = self.watch.check({q.version: q for q in found})
         if rollback is not None:
             await self._roll_back(rollback, publisher)
@@ -420,14 +424,7 @@ class Trainer:
         )
         path = await asyncio.to_thread(self._save, state)
         await publisher.publish(state, path)
-        rolled = f"rolled back to v{rollback.target} as v{state.version}"
-        reasons = {
-            v: f"{rollback.reason}; {rolled}"
-            if v == rollback.culprit
-            else f"went live after v{rollback.culprit}, {rolled} with it"
-            for v in rollback.abandoned
-        }
-        await asyncio.to_thread(publisher.mark_rolled_back, reasons)
+        await asyncio.to_thread(publisher.mark_rolled_back, rollback.reasons(state.version))
         self.state, self.next_version = state, self.next_version + 1
         self.watch.rolled_back(state.version)
         if self.gate is not None:

@@ -72,21 +72,41 @@ class Rollback:
     abandoned: list[int]  # the culprit and every version that went live after it
     reason: str
 
+    def reasons(self, new_version: int) -> dict[int, str]:
+        """What the registry says of each abandoned version, once `new_version` replaced it."""
+        rolled = f"rolled back to v{self.target} as v{new_version}"
+        return {
+            v: f"{self.reason}; {rolled}"
+            if v == self.culprit
+            else f"went live after v{self.culprit}, {rolled} with it"
+            for v in self.abandoned
+        }
+
 
 class ServedWatch:
     """Compares each live version's served reward with the recent good versions' together."""
 
     def __init__(
-        self, cfg: WatchSettings, lineage: Iterable[int], loadable: Callable[[int], bool]
+        self,
+        cfg: WatchSettings,
+        lineage: Iterable[int],
+        loadable: Callable[[int], bool],
+        *,
+        drift: bool = False,
     ) -> None:
         self.cfg = cfg
         self.loadable = loadable  # whether a version's weights are still there to go back to
+        # The reference-NLL bound: only where served drift is measured and means something.
+        self.max_nll_ratio = cfg.max_nll_ratio if drift else None
+        self.version0_nll: float | None = None
         self.pending: list[int] = list(lineage)  # live versions not checked yet, oldest first
         self.good: deque[Served] = deque(maxlen=cfg.lookback)
         self.rollbacks = 0
 
     @classmethod
-    def resume(cls, cfg: WatchSettings, store: CheckpointStore, state: TrainerState) -> ServedWatch:
+    def resume(
+        cls, cfg: WatchSettings, store: CheckpointStore, state: TrainerState, *, drift: bool
+    ) -> ServedWatch:
         """A watch of the current version and its last few ancestors still on disk."""
 
         def loadable(version: int) -> bool:  # version 0 is the base model
@@ -96,7 +116,7 @@ class ServedWatch:
         while parent is not None and len(chain) <= cfg.lookback and loadable(parent):
             chain.append(parent)
             parent = store.load_state(parent).parent if parent else None
-        return cls(cfg, reversed(chain), loadable)
+        return cls(cfg, reversed(chain), loadable, drift=drift)
 
     def went_live(self, version: int) -> None:
         """A new version is being served (accepted by the gate, or there is no gate)."""
@@ -106,8 +126,15 @@ class ServedWatch:
         """Versions whose checkpoints must stay on disk: the good ones, to go back to."""
         return frozenset(s.version for s in self.good)
 
+    def wanted(self) -> list[int]:
+        """The versions whose served counters `check` needs: the pending ones, and 0."""
+        return sorted({0, *self.pending})
+
     def check(self, served: dict[int, VersionQuality]) -> Rollback | None:
         """Check the pending versions, oldest first, as far as their turns allow."""
+        base = served.get(0)
+        if base is not None and self._measured(base):
+            self.version0_nll = base.ref_nll
         while self.pending:
             version = self.pending[0]
             if not self._settled(served.get(version)):
@@ -116,7 +143,7 @@ class ServedWatch:
                     continue
                 return None
             candidate = Served.of(served[version])
-            rollback = self._compare(candidate)
+            rollback = self._compare(candidate) or self._drifted(served[version])
             if rollback is not None:
                 return rollback
             self.good.append(candidate)
@@ -128,12 +155,29 @@ class ServedWatch:
         self.pending = [new_version]
         self.rollbacks += 1
 
+    def _measured(self, quality: VersionQuality) -> bool:
+        return quality.ref_nll is not None and quality.ref_tokens >= self.cfg.min_ref_tokens
+
     def _settled(self, quality: VersionQuality | None) -> bool:
+        """Enough judged turns (and, with the NLL bound, measured served tokens) to compare."""
         return (
             quality is not None
             and quality.mean_reward is not None
             and quality.judged >= self.cfg.min_turns
+            and (self.max_nll_ratio is None or quality.version == 0 or self._measured(quality))
         )
+
+    def _drifted(self, quality: VersionQuality) -> Rollback | None:
+        """A rollback if the version's served replies became unnatural to the reference."""
+        bound, base, nll = self.max_nll_ratio, self.version0_nll, quality.ref_nll
+        targets = [s.version for s in self.good if self.loadable(s.version)]
+        if bound is None or base is None or nll is None or nll <= bound * base or not targets:
+            return None
+        reason = (
+            f"reference NLL of v{quality.version}'s served replies {nll:.3f} per token (over "
+            f"{quality.ref_tokens} tokens) > {bound:g} x version 0's {base:.3f}"
+        )
+        return Rollback(targets[-1], quality.version, list(self.pending), reason)
 
     def _compare(self, candidate: Served) -> Rollback | None:
         """A rollback to the newest good version still on disk, if the candidate fell."""

@@ -44,6 +44,17 @@ class WatchSettings(Section):
         "checkpoints are kept on disk, beyond trainer.keep_checkpoints, so that the newest can "
         "be served again.",
     )
+    max_nll_ratio: float | None = Field(
+        1.4,
+        gt=1,
+        description="Also roll back a version whose served replies' reference NLL per token "
+        "exceeds this multiple of version 0's (models with language, when the trainer keeps "
+        "the reference); a version is then compared once its served tokens are measured. "
+        "Main's demo defaults reached 1.31 at most in 14 runs; unset = no bound.",
+    )
+    min_ref_tokens: int = Field(
+        200, ge=1, description="Served tokens the reference NLL of a version must be over."
+    )
     check_interval_s: float = Field(
         5.0, gt=0, description="How often the trainer reads the served counters."
     )
