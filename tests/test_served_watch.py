@@ -48,11 +48,18 @@ def test_only_a_clear_fall_in_served_reward_is_rolled_back() -> None:
         "served reward v4 -0.900 over 24 turns is below the last good versions' "
         "(v0, v2, v3: -0.500 over 160 turns) by 0.400 (> 0.3, and 5.5 > 2.33 standard errors)"
     )
-    assert watch.keep() == {0, 2, 3}  # the good ones stay on disk
+    assert watch.keep() == {0, 2, 3, 4}  # the good ones, and the next to check, stay on disk
 
     watch.rolled_back(5)
     assert watch.pending == [5] and watch.rollbacks == 1
     assert watch.check(found | {5: served(5, 3, 0.0, 1.0)}) is None
+
+    # No good version's checkpoint left: a version that fell is not rolled back, nor is it
+    # taken as good (the next one is compared with v0 alone).
+    stranded = ServedWatch(settings, [0, 1, 2], loadable=lambda version: False)
+    found = {0: served(0, 40, -0.2, 0.7), 1: found[4], 2: served(2, 20, -0.3, 0.7)}
+    assert stranded.check(found) is None
+    assert stranded.pending == [] and [s.version for s in stranded.good] == [0, 2]
 
 
 def test_a_version_whose_served_replies_drifted_is_rolled_back_once_measured() -> None:

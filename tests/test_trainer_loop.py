@@ -46,7 +46,12 @@ async def test_publishes_versions_and_resumes_after_restart(
     spilled = list((data_dir / "batches").glob("*.json"))
     assert len(spilled) == 1
 
-    trainer = trainer_of(settings(redis_url, data_dir, max_updates=2, keep_checkpoints=2))
+    # Pruning by keep_checkpoints alone: the served-quality watch would also keep the
+    # versions it has yet to check (tests/test_served_watch.py).
+    unwatched = {"enabled": False}
+    trainer = trainer_of(
+        settings(redis_url, data_dir, max_updates=2, keep_checkpoints=2, watch=unwatched)
+    )
     await trainer.run()
     assert trainer.version == 2
 
@@ -73,7 +78,9 @@ async def test_publishes_versions_and_resumes_after_restart(
     await aredis_client.xadd("liveloop:batches", fields)
     await writer.write(make_samples(2, seed=11), 2)
 
-    again = trainer_of(settings(redis_url, data_dir, max_updates=1, keep_checkpoints=2))
+    again = trainer_of(
+        settings(redis_url, data_dir, max_updates=1, keep_checkpoints=2, watch=unwatched)
+    )
     again.setup()
     assert again.version == 2
     resumed = again.updater.optimizer.state_dict()["state"]

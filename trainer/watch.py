@@ -20,6 +20,7 @@ the current version's ancestors whose checkpoints are still on disk.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -30,6 +31,9 @@ from liveloop.quality import VersionQuality
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 
 MAX_PENDING = 32  # live versions awaiting their turns (when none is ever judged, the oldest go)
+log = logging.getLogger(__name__)
+
+NOWHERE = -1  # a Rollback's target when no good version's checkpoint is left
 UNKNOWN_SD = 1.0  # counters written before the sum of squares was kept: assume a wide spread
 
 
@@ -123,8 +127,12 @@ class ServedWatch:
         self.pending = [*self.pending, version][-MAX_PENDING:]
 
     def keep(self) -> frozenset[int]:
-        """Versions whose checkpoints must stay on disk: the good ones, to go back to."""
-        return frozenset(s.version for s in self.good)
+        """Checkpoints to keep on disk: the good versions, to go back to, and the next few to
+        be checked (a version is judged good only after its turns, by when the trainer has
+        written several newer checkpoints)."""
+        return frozenset(s.version for s in self.good) | frozenset(
+            self.pending[: self.cfg.lookback]
+        )
 
     def wanted(self) -> list[int]:
         """The versions whose served counters `check` needs: the pending ones, and 0."""
@@ -144,9 +152,12 @@ class ServedWatch:
                 return None
             candidate = Served.of(served[version])
             rollback = self._compare(candidate) or self._drifted(served[version])
-            if rollback is not None:
+            if rollback is not None and rollback.target >= 0:
                 return rollback
-            self.good.append(candidate)
+            if rollback is None:
+                self.good.append(candidate)
+            else:  # it fell, and no good version's checkpoint is left to go back to
+                log.warning("cannot roll back (no good checkpoint left): %s", rollback.reason)
             self.pending.pop(0)
         return None
 
@@ -170,8 +181,8 @@ class ServedWatch:
     def _drifted(self, quality: VersionQuality) -> Rollback | None:
         """A rollback if the version's served replies became unnatural to the reference."""
         bound, base, nll = self.max_nll_ratio, self.version0_nll, quality.ref_nll
-        targets = [s.version for s in self.good if self.loadable(s.version)]
-        if bound is None or base is None or nll is None or nll <= bound * base or not targets:
+        targets = [s.version for s in self.good if self.loadable(s.version)] or [NOWHERE]
+        if bound is None or base is None or nll is None or nll <= bound * base:
             return None
         reason = (
             f"reference NLL of v{quality.version}'s served replies {nll:.3f} per token (over "
@@ -181,9 +192,9 @@ class ServedWatch:
 
     def _compare(self, candidate: Served) -> Rollback | None:
         """A rollback to the newest good version still on disk, if the candidate fell."""
-        targets = [s.version for s in self.good if self.loadable(s.version)]
-        if not targets:
+        if not self.good:
             return None
+        targets = [s.version for s in self.good if self.loadable(s.version)] or [NOWHERE]
         mean, sd, count = pooled(self.good)
         gap = mean - candidate.mean
         error = math.sqrt(sd**2 / count + candidate.sd**2 / candidate.judged)

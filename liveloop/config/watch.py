@@ -40,9 +40,9 @@ class WatchSettings(Section):
     lookback: int = Field(
         3,
         ge=1,
-        description="Good versions whose turns, together, a version is compared with; their "
-        "checkpoints are kept on disk, beyond trainer.keep_checkpoints, so that the newest can "
-        "be served again.",
+        description="Good versions whose turns, together, a version is compared with. Their "
+        "checkpoints, and those of the next this many versions to be checked, are kept on "
+        "disk beyond trainer.keep_checkpoints, so that the newest good one can be served again.",
     )
     max_nll_ratio: float | None = Field(
         1.4,
