@@ -147,6 +147,8 @@ class ServedWatch:
             version = self.pending[0]
             if not self._settled(served.get(version)):
                 if any(self._settled(served.get(v)) for v in self.pending[1:]):
+                    log.info("watch: v%d skipped, a later version is ready first: %s",
+                             version, _short(served.get(version)))  # fmt: skip
                     self.pending.pop(0)  # replaced before it served enough turns to judge
                     continue
                 return None
@@ -155,6 +157,7 @@ class ServedWatch:
             if rollback is not None and rollback.target >= 0:
                 return rollback
             if rollback is None:
+                log.info("watch: v%d good: %s", version, _short(served[version]))
                 self.good.append(candidate)
             else:  # it fell, and no good version's checkpoint is left to go back to
                 log.warning("cannot roll back (no good checkpoint left): %s", rollback.reason)
@@ -208,3 +211,14 @@ class ServedWatch:
             f"{self.cfg.reward_margin:g}, and {z:.1f} > {self.cfg.z:g} standard errors)"
         )
         return Rollback(targets[-1], candidate.version, list(self.pending), reason)
+
+
+def _short(quality: VersionQuality | None) -> str:
+    """A version's counters in a log line."""
+    if quality is None:
+        return "no turns"
+    nll = "-" if quality.ref_nll is None else f"{quality.ref_nll:.3f}"
+    reward = "-" if quality.mean_reward is None else f"{quality.mean_reward:+.3f}"
+    return (
+        f"{quality.judged} judged, reward {reward}, ref NLL {nll} over {quality.ref_tokens} tokens"
+    )
