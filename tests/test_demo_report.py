@@ -10,7 +10,13 @@ import pytest
 from liveloop.config import load_settings
 from liveloop.demo.curves import moving_mean, turns_to_threshold, window_means
 from liveloop.demo.measures import user_reactions
-from liveloop.demo.report import JudgedTurn, summarise, training_figures, write_report
+from liveloop.demo.report import (
+    JudgedTurn,
+    headline,
+    summarise,
+    training_figures,
+    write_report,
+)
 from liveloop.demo.run import demo_objectives, objective_figures
 from liveloop.demo.users import TurnLog
 
@@ -133,3 +139,19 @@ def test_report_says_why_users_were_unhappy_early_and_late(tmp_path: Path) -> No
     assert "| too long | 62% | 12% |" in markdown
     assert "| wanted the weather tool used | 0% | 12% |" in markdown
     assert "Weather questions answered: 2; 1 of the answers came after a call" in markdown
+
+
+def test_the_headline_drift_is_that_of_the_weights_served_last() -> None:
+    """After a rollback the final version is a copy of an earlier one, and has no probe:
+    the headline's reference NLL is the copied version's, not a refused or rolled-back one's."""
+    platform = {
+        "0": {"probe": {"ref_nll": 2.8}, "status": "base"},
+        "12": {"probe": {"ref_nll": 2.9}, "status": "accepted"},
+        "13": {"probe": {"ref_nll": 4.0}, "status": "rolled_back"},
+        "14": {"probe": {"ref_nll": 5.0}, "status": "rejected"},
+        "15": {"status": "accepted"},  # v12's weights again
+    }
+    out = headline({"improvement": 0.2, "platform": platform})
+    assert out["final_probed_version"] == 12
+    assert out["ref_nll_ratio"] == pytest.approx(2.9 / 2.8)
+    assert out["quality_kept"]["ref_nll"] is True

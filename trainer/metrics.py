@@ -68,7 +68,8 @@ class TrainerMetrics:
             self.gate_verdicts.labels(outcome)
         self.rollbacks = Counter(
             "liveloop_trainer_rollbacks",
-            "Served versions rolled back by the served-quality watch (their served reward fell).",
+            "Rollbacks by the served-quality watch (a version's served reward fell, or its "
+            "replies drifted from the reference).",
             registry=r,
         )
         self.gate_seconds = Gauge(

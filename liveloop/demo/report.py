@@ -206,7 +206,9 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
     platform = summary.get("platform") or {}
     v0_probe = (platform.get("0") or {}).get("probe") or {}
     probed = [
-        int(v) for v, e in platform.items() if e.get("probe") and e.get("status") != "rejected"
+        int(v)
+        for v, e in platform.items()
+        if e.get("probe") and e.get("status") not in ("rejected", "rolled_back")
     ]
     final_version = max(probed, default=0)
     final_probe = (platform.get(str(final_version)) or {}).get("probe") or {}
