@@ -353,7 +353,7 @@ class Trainer:
         if accepted or self.cfg.gate.on_reject == "continue":
             self.state = state
         else:
-            await self._revert(state)
+            await self._revert(self.version, state.applied_batches)
         protect = frozenset({self.version}) | (self.watch.keep() if self.watch else frozenset())
         pruned = await asyncio.to_thread(self.store.prune, protect)
         await asyncio.to_thread(publisher.forget, pruned)
@@ -380,13 +380,13 @@ class Trainer:
             log.warning("v%d refused by the promotion gate: %s", self.next_version, verdict.reason)
         return verdict
 
-    async def _revert(self, refused: TrainerState) -> None:
-        """Back to the last accepted version's weights and optimizer (on every rank)."""
-        target = self.version
+    async def _revert(self, target: int, applied: list[str]) -> None:
+        """Back to `target`'s weights and optimizer (on every rank), keeping the batches
+        applied since (`applied`: consumed, never to be redone)."""
         if self.comm.world > 1:
             await asyncio.to_thread(self.comm.broadcast, StepMessage("revert", version=target))
         await asyncio.to_thread(self._go_back, target)
-        self.state.applied_batches = refused.applied_batches  # consumed, never to be redone
+        self.state.applied_batches = applied
 
     # -- the served-quality watch (rank 0) -----------------------------------------------
 
@@ -410,15 +410,11 @@ class Trainer:
         """Publish the good version's weights again, as a new version (on every rank)."""
         assert self.watch is not None
         log.warning("rolling back to v%d: %s", rollback.target, rollback.reason)
-        applied = self.state.applied_batches  # consumed, never to be redone
-        if self.comm.world > 1:
-            message = StepMessage("revert", version=rollback.target)
-            await asyncio.to_thread(self.comm.broadcast, message)
-        await asyncio.to_thread(self._go_back, rollback.target)
+        await self._revert(rollback.target, self.state.applied_batches)
         state = TrainerState(
             version=self.next_version,
             parent=rollback.target,
-            applied_batches=applied,
+            applied_batches=self.state.applied_batches,
             metrics=dict(self.state.metrics),
             reason=f"the weights of v{rollback.target} again: {rollback.reason}",
         )

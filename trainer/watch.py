@@ -184,20 +184,18 @@ class ServedWatch:
     def _drifted(self, quality: VersionQuality) -> Rollback | None:
         """A rollback if the version's served replies became unnatural to the reference."""
         bound, base, nll = self.max_nll_ratio, self.version0_nll, quality.ref_nll
-        targets = [s.version for s in self.good if self.loadable(s.version)] or [NOWHERE]
         if bound is None or base is None or nll is None or nll <= bound * base:
             return None
         reason = (
             f"reference NLL of v{quality.version}'s served replies {nll:.3f} per token (over "
             f"{quality.ref_tokens} tokens) > {bound:g} x version 0's {base:.3f}"
         )
-        return Rollback(targets[-1], quality.version, list(self.pending), reason)
+        return Rollback(self._target(), quality.version, list(self.pending), reason)
 
     def _compare(self, candidate: Served) -> Rollback | None:
         """A rollback to the newest good version still on disk, if the candidate fell."""
         if not self.good:
             return None
-        targets = [s.version for s in self.good if self.loadable(s.version)] or [NOWHERE]
         mean, sd, count = pooled(self.good)
         gap = mean - candidate.mean
         error = math.sqrt(sd**2 / count + candidate.sd**2 / candidate.judged)
@@ -210,7 +208,12 @@ class ServedWatch:
             f"({names}: {mean:+.3f} over {count} turns) by {gap:.3f} (> "
             f"{self.cfg.reward_margin:g}, and {z:.1f} > {self.cfg.z:g} standard errors)"
         )
-        return Rollback(targets[-1], candidate.version, list(self.pending), reason)
+        return Rollback(self._target(), candidate.version, list(self.pending), reason)
+
+    def _target(self) -> int:
+        """The newest good version still on disk, or NOWHERE."""
+        loadable = [s.version for s in self.good if self.loadable(s.version)]
+        return loadable[-1] if loadable else NOWHERE
 
 
 def _short(quality: VersionQuality | None) -> str:
