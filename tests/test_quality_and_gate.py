@@ -159,7 +159,7 @@ async def test_a_refused_version_is_never_served_and_training_goes_on_from_the_l
         )
         trainer = trainer_of(wild)  # Adam at lr 1 moves every weight by ~1: degraded
         await trainer.run()
-        assert trainer.version == 0 and trainer.rejected == 1 and trainer.next_version == 2
+        assert trainer.version == 0 and trainer.guards.rejected == 1 and trainer.next_version == 2
         base = load_policy("tiny-random", "cpu", wild.trainer.lora).model
         for mine, theirs in zip(trainer._updater().policy.model.parameters(), base.parameters(),
                                 strict=True):  # fmt: skip
@@ -173,7 +173,7 @@ async def test_a_refused_version_is_never_served_and_training_goes_on_from_the_l
         )
         again = trainer_of(calm)
         await again.run()
-        assert again.version == 2 and again.rejected == 0  # numbers are never reused
+        assert again.version == 2 and again.guards.rejected == 0  # numbers are never reused
         assert [(a.version, a.status) for a in await _announced(aredis_client)] == [
             (1, "rejected"),
             (2, "accepted"),
@@ -249,8 +249,8 @@ async def test_after_a_refusal_the_trainer_drops_momentum_and_lowers_its_rate(
     wild = settings_for(redis_url, data_dir, trainer={"lr": 1.0, "max_updates": 2, "gate": gate})
     trainer = trainer_of(wild)  # resumes from v1, with v1's optimizer state
     await trainer.run()
-    assert (trainer.version, trainer.rejected, trainer.refusals_in_row) == (1, 2, 2)
-    assert trainer._lr_scale() == pytest.approx(0.25)  # the next batch: a quarter of 1.0
+    assert (trainer.version, trainer.guards.rejected, trainer.guards.refusals_in_row) == (1, 2, 2)
+    assert trainer.guards.lr_scale() == pytest.approx(0.25)  # the next batch: a quarter of 1.0
     state = list(trainer._updater().optimizer.state.values())
     assert state and all(bool(s["exp_avg"].abs().sum() == 0) for s in state)
     assert any(bool(s["exp_avg_sq"].abs().sum() > 0) for s in state)  # second moments kept
@@ -267,7 +267,7 @@ async def test_after_a_refusal_the_trainer_drops_momentum_and_lowers_its_rate(
         settings_for(redis_url, data_dir, trainer={"lr": 1.0, "max_updates": 1, "gate": as_before})
     )
     await plain.run()
-    assert plain.rejected == 1 and plain._lr_scale() == 1.0
+    assert plain.guards.rejected == 1 and plain.guards.lr_scale() == 1.0
     assert any(
         bool(s["exp_avg"].abs().sum() > 0) for s in plain._updater().optimizer.state.values()
     )

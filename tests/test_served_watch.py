@@ -114,7 +114,9 @@ async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
     }
     first = trainer_of(settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 2}))
     await first.run()
-    assert first.version == 2 and first.watch is not None and first.watch.rollbacks == 0
+    assert (
+        first.version == 2 and first.guards.watch is not None and first.guards.watch.rollbacks == 0
+    )
 
     await _write_turns(aredis_client, 0, [0.5, 1.0] * 4)  # mean 0.75
     await _write_turns(aredis_client, 1, [1.0] * 10)  # better: the one to go back to
@@ -127,7 +129,7 @@ async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
         settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 1})
     )
     await second.run()  # resumes from v2; sees v2's turns; rolls back; then trains the batch
-    assert second.watch is not None and second.watch.rollbacks == 1
+    assert second.guards.watch is not None and second.guards.watch.rollbacks == 1
     assert second.metrics.registry.get_sample_value("liveloop_trainer_rollbacks_total") == 1
     assert second.version == 4
 

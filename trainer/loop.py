@@ -13,6 +13,7 @@ and the batch ids it has applied, so a re-delivered batch is not trained twice. 
 it exports each version's quality on served traffic (`liveloop.trainer.reporting`), and
 between updates its served-quality watch (`liveloop.trainer.watch`) compares the live
 versions' served reward and, after a clear fall, publishes the last good weights again.
+The gate and the watch, with their counters, live in `liveloop.trainer.guards`.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ from liveloop.quality import QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 from liveloop.trainer.dist import Comm
-from liveloop.trainer.gate import GateVerdict, PromotionGate, build_panel
+from liveloop.trainer.guards import Safeguards
 from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater, UpdateStats
 from liveloop.trainer.reporting import QualityReporter
 from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch, trainable_samples
-from liveloop.trainer.watch import Rollback, ServedWatch
+from liveloop.trainer.watch import Rollback
 from liveloop.weights import setup_weight_transport
 
 log = logging.getLogger(__name__)
@@ -89,13 +90,9 @@ class Trainer:
         self.state = TrainerState(version=0, parent=None)
         self.next_version = 1
         self.updater: PPOUpdater | None = None
-        self.gate: PromotionGate | None = None
+        self.guards = Safeguards(self.cfg, shared, self.judging, self.metrics)
         self.quality: QualityStore | None = None
-        self.watch: ServedWatch | None = None
-        self._next_watch = 0.0  # monotonic time of the watch's next look at served counters
         self.updates_done = 0
-        self.rejected = 0
-        self.refusals_in_row = 0  # the gate's refusals since the last accepted version
         self.last_stats: UpdateStats | None = None
         self._stop = threading.Event()
 
@@ -135,7 +132,7 @@ class Trainer:
             checkpoint=checkpoint,
             with_reference=bool(self.cfg.kl_coef)
             or self.cfg.measure_drift
-            or self.gated
+            or self.guards.gated
             or reference_teacher,
         )
         if self.updater is not None:
@@ -152,16 +149,6 @@ class Trainer:
         self._load(version or None)
         if self.cfg.gate.drop_momentum:
             self._updater().drop_momentum()
-
-    def _lr_scale(self) -> float:
-        """Learning-rate factor of the next update: smaller after each refusal in a row."""
-        gate = self.cfg.gate
-        return max(gate.reject_lr_scale**self.refusals_in_row, gate.min_lr_scale)
-
-    @property
-    def gated(self) -> bool:
-        """True when new versions pass the promotion gate before they are announced."""
-        return self.cfg.gate.enabled
 
     def _updater(self) -> PPOUpdater:
         if self.updater is None:
@@ -207,8 +194,7 @@ class Trainer:
         status = "failed"
         try:
             await self._start_gate(registry)
-            if self.cfg.watch.enabled:
-                self.watch = await asyncio.to_thread(self._resume_watch)
+            await asyncio.to_thread(self.guards.start_watch, self.store, self.state)
             await self._lead_through_outages(client, registry, run_id)
             status = "finished"
         finally:
@@ -221,16 +207,10 @@ class Trainer:
 
     async def _start_gate(self, registry: Registry) -> None:
         """Probe version 0 and the serving version once, before the first update."""
-        if not self.gated:
-            return
-        self.gate = PromotionGate(
-            self.shared.model, self.cfg.gate, build_panel(self.judging, self.shared)
-        )
-        await self.gate.start(self._updater().policy, self.version)
-        assert self.gate.version0 is not None
-        await asyncio.to_thread(
-            registry.record_version_quality, 0, probe=self.gate.version0.model_dump()
-        )
+        gate = await self.guards.start_gate(self._updater().policy, self.version)
+        if gate is not None and gate.version0 is not None:
+            probe = gate.version0.model_dump()
+            await asyncio.to_thread(registry.record_version_quality, 0, probe=probe)
 
     async def _lead_through_outages(
         self, client: aredis.Redis, registry: Registry, run_id: int | None
@@ -257,7 +237,7 @@ class Trainer:
                     "training %s from v%d, reading %s as consumer %s%s",
                     self.shared.model, self.version, source.consumer.stream,
                     source.consumer.consumer, " (new versions pass the promotion gate)"
-                    if self.gated else "",
+                    if self.guards.gated else "",
                 )  # fmt: skip
                 await self._reconcile(publisher)
                 await self._lead(source, publisher)
@@ -317,7 +297,7 @@ class Trainer:
         if not samples:
             await source.done(item)
             return None, StepMessage("idle")
-        return item, StepMessage("batch", samples, lr_scale=self._lr_scale())
+        return item, StepMessage("batch", samples, lr_scale=self.guards.lr_scale())
 
     async def _apply(
         self,
@@ -331,7 +311,7 @@ class Trainer:
         stats = await asyncio.to_thread(self._updater().update, samples, message.lr_scale)
         if self.quality is not None:
             await self.quality.add_drift(stats.drift)
-        verdict = await self._judge_candidate()
+        verdict = await self.guards.judge(self._updater().policy, self.next_version)
         started = time.perf_counter()
         metrics = stats.as_metrics()
         metrics["reward_mean"] = sum(s.score for s in samples) / len(samples)
@@ -348,13 +328,13 @@ class Trainer:
         probe = verdict.probe.model_dump() if verdict is not None else None
         await publisher.publish(state, path, probe)
         self.next_version += 1
-        if accepted and self.watch is not None:
-            self.watch.went_live(state.version)
+        if accepted:
+            self.guards.went_live(state.version)
         if accepted or self.cfg.gate.on_reject == "continue":
             self.state = state
         else:
             await self._revert(self.version, state.applied_batches)
-        protect = frozenset({self.version}) | (self.watch.keep() if self.watch else frozenset())
+        protect = frozenset({self.version}) | self.guards.keep()
         pruned = await asyncio.to_thread(self.store.prune, protect)
         await asyncio.to_thread(publisher.forget, pruned)
         await source.done(item)
@@ -363,22 +343,6 @@ class Trainer:
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
         log.info("v%d %s: %s", state.version, state.status, stats.describe())
-
-    async def _judge_candidate(self) -> GateVerdict | None:
-        """The promotion gate's verdict on the weights just trained (None: no gate)."""
-        if self.gate is None:
-            return None
-        probe = await self.gate.probe(self._updater().policy, self.next_version)
-        verdict = self.gate.decide(probe)
-        self.metrics.observe_gate(verdict.accepted, probe)
-        if verdict.accepted:
-            self.gate.accepted(probe)
-            self.refusals_in_row = 0
-        else:
-            self.rejected += 1
-            self.refusals_in_row += 1
-            log.warning("v%d refused by the promotion gate: %s", self.next_version, verdict.reason)
-        return verdict
 
     async def _revert(self, target: int, applied: list[str]) -> None:
         """Back to `target`'s weights and optimizer (on every rank), keeping the batches
@@ -390,25 +354,14 @@ class Trainer:
 
     # -- the served-quality watch (rank 0) -----------------------------------------------
 
-    def _resume_watch(self) -> ServedWatch:
-        """The watch, with the reference-NLL bound where served drift is measured."""
-        drift = bool(self.cfg.kl_coef) or self.cfg.measure_drift
-        drift = drift and model_defaults(self.shared.model).has_language
-        return ServedWatch.resume(self.cfg.watch, self.store, self.state, drift=drift)
-
     async def _watch_served(self, publisher: Publisher) -> None:
         """Every few seconds, compare the live versions' served reward; roll back if bad."""
-        if self.watch is None or self.quality is None or time.monotonic() < self._next_watch:
-            return
-        self._next_watch = time.monotonic() + self.cfg.watch.check_interval_s
-        found = await self.quality.read(self.watch.wanted())
-        rollback = self.watch.check({q.version: q for q in found})
+        rollback = await self.guards.check_served(self.quality)
         if rollback is not None:
             await self._roll_back(rollback, publisher)
 
     async def _roll_back(self, rollback: Rollback, publisher: Publisher) -> None:
         """Publish the good version's weights again, as a new version (on every rank)."""
-        assert self.watch is not None
         log.warning("rolling back to v%d: %s", rollback.target, rollback.reason)
         await self._revert(rollback.target, self.state.applied_batches)
         state = TrainerState(
@@ -422,11 +375,7 @@ class Trainer:
         await publisher.publish(state, path)
         await asyncio.to_thread(publisher.mark_rolled_back, rollback.reasons(state.version))
         self.state, self.next_version = state, self.next_version + 1
-        self.watch.rolled_back(state.version)
-        if self.gate is not None:
-            self.gate.serve_again(rollback.target)
-        self.refusals_in_row += 1  # the next update steps more carefully, as after a refusal
-        self.metrics.rollbacks.inc()
+        self.guards.rolled_back(rollback, state.version)
         self.metrics.version.set(self.version)
 
     def _save(self, state: TrainerState) -> Path:
