@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from liveloop.config.base import Objective, Section
+from liveloop.config.credit import LimitCreditSettings
 from liveloop.config.gate import GateSettings
 from liveloop.config.opd import OPDSettings
 from liveloop.config.watch import WatchSettings
@@ -109,3 +110,4 @@ class TrainerConfig(Section):
     gate: GateSettings = Field(default_factory=GateSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     opd: OPDSettings = Field(default_factory=OPDSettings)
+    limit_credit: LimitCreditSettings = Field(default_factory=LimitCreditSettings)
