@@ -49,6 +49,17 @@ def test_limits_are_read_from_the_hint_then_from_the_message_answered(tokenizer:
     asked = "That's more than I need. Keep it under 12 words, please. Tell me about bees."
     assert credit.stated_limit(sample(tokenizer, "Too long, please be brief.", asked=asked)) == 12
     assert credit.stated_limit(sample(tokenizer, "Too long, please be brief.")) is None
+    earlier = [
+        {"role": "user", "content": "Tell me about tea."},
+        {"role": "assistant", "content": "Tea is a drink made from leaves of the tea plant."},
+        {"role": "user", "content": "Shorter, please: 8 words at most. Tell me about bees."},
+        {"role": "assistant", "content": "Bees make honey."},
+        {"role": "user", "content": "Thanks. Tell me about owls."},
+    ]
+    later = sample(tokenizer, "Too long, please be brief.")
+    assert later.hint is not None
+    later.hint.messages = earlier
+    assert credit.stated_limit(later) == 8  # said earlier in the session, it still holds
     assert credit.stated_limit(sample(tokenizer, None)) is None
     with pytest.raises(ValidationError, match="group"):
         LimitCreditSettings(patterns=[r"\d+ words"])

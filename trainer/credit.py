@@ -3,11 +3,11 @@
 The scalar advantage of a turn is the same for every token of its reply. A user who says
 "Shorter, please: 25 words at most." after a 40-word reply has said more than how bad it
 was: the reply went wrong after its 25th word. With `trainer.limit_credit` on, a turn whose
-advantage is negative, whose directive hint (or, failing that, the user's message it
-answered) states a word limit, and whose reply went past that limit, keeps its advantage on
-the tokens from the first word past the limit and only `within_weight` of it before. The
-words the user did not complain about are then not pushed down with the length, and the
-push lands where the reply should have ended.
+advantage is negative, whose directive hint (or, failing that, the latest user message of
+its conversation that says one) states a word limit, and whose reply went past that limit,
+keeps its advantage on the tokens from the first word past the limit and only
+`within_weight` of it before. The words the user did not complain about are then not
+pushed down with the length, and the push lands where the reply should have ended.
 
 Words are counted as a reader counts them: runs of non-space characters with a letter in
 them (a run of symbols is no word). The reply's token ids are decoded, never re-tokenised.
@@ -48,11 +48,12 @@ class LimitCredit:
         self.patterns = [re.compile(p, re.IGNORECASE) for p in cfg.patterns]
 
     def stated_limit(self, sample: BatchSample) -> int | None:
-        """The word limit said in the sample's hint, else in the user message it answered."""
+        """The word limit said in the sample's hint, else the one the user said last in the
+        conversation the reply answered (a limit, once said, holds for the session)."""
         if sample.hint is None:
             return None
         users = [m for m in sample.hint.messages if m.get("role") == "user"]
-        texts = [sample.hint.text] + ([_message_text(users[-1])] if users else [])
+        texts = [sample.hint.text] + [_message_text(m) for m in reversed(users)]
         for text in texts:
             for pattern in self.patterns:
                 found = pattern.search(text)

@@ -20,7 +20,8 @@ class LimitCreditSettings(Section):
     enabled: bool = Field(
         False,
         description="Put a negatively judged reply's advantage on the tokens past a word limit "
-        "stated by its directive hint (or the user's message it answered), when it went past.",
+        "stated by its directive hint (or by the user earlier in the conversation), when it "
+        "went past.",
     )
     within_weight: float = Field(
         0.0,
@@ -32,7 +33,8 @@ class LimitCreditSettings(Section):
     patterns: list[str] = Field(
         default_factory=lambda: [r"\b(\d{1,4})\s+words?\b"],
         description="Regular expressions (case-insensitive) whose first group is the limit, "
-        "searched in the directive hint first, then in the last user message of the request.",
+        "searched in the directive hint first, then in the request's user messages, latest "
+        "first.",
     )
 
     @field_validator("patterns")
