@@ -46,7 +46,7 @@ class MicroBatch:
     logit_index: torch.Tensor  # [N] row positions whose logits predict a completion token
     targets: torch.Tensor  # [N] the completion tokens
     logprobs: torch.Tensor  # [N] the behaviour log-probs recorded at serving (`logprobs`)
-    advantages: torch.Tensor  # [N] the sample's advantage, per token (times its credit weight)
+    advantages: torch.Tensor  # [N] the sample's advantage, per token
     teacher: torch.Tensor  # [N] OPD teacher log-probs (0 where the sample has none)
     opd_mask: torch.Tensor  # [N] 1.0 where the token has a teacher log-prob, else 0.0
     num_tokens: int  # T: tokens in the forward pass
@@ -69,18 +69,14 @@ def build_micro_batch(
     samples: Sequence[BatchSample],
     device: str = "cpu",
     teacher: Mapping[str, Sequence[float]] | None = None,
-    credit: Mapping[str, Sequence[float]] | None = None,
 ) -> MicroBatch:
     """Pack samples into one row (prompt + completion each, positions restarting at 0).
 
-    `teacher` maps a sample key to its OPD teacher log-probs (one per completion token);
-    `credit` maps a sample key to weights of its advantage, one per completion token
-    (`liveloop.trainer.credit`; a sample not in it has weight 1 everywhere).
+    `teacher` maps a sample key to its OPD teacher log-probs (one per completion token).
     """
     import torch
 
     teacher = teacher or {}
-    credit = credit or {}
     ids: list[int] = []
     positions: list[int] = []
     logit_index: list[int] = []
@@ -100,8 +96,7 @@ def build_micro_batch(
         targets += sample.completion_token_ids
         logprobs += sample.logprobs
         n = len(sample.completion_token_ids)
-        weights = credit.get(sample.key)
-        advantages += [sample.advantage * w for w in weights] if weights else [sample.advantage] * n
+        advantages += [sample.advantage] * n
         taught = teacher.get(sample.key)
         teacher_lp += list(taught) if taught is not None else [0.0] * n
         opd_mask += [1.0 if taught is not None else 0.0] * n
@@ -126,8 +121,6 @@ def micro_batches(
     max_tokens: int,
     device: str = "cpu",
     teacher: Mapping[str, Sequence[float]] | None = None,
-    credit: Mapping[str, Sequence[float]] | None = None,
 ) -> list[MicroBatch]:
     """The micro-batches of one rank's share of a minibatch."""
-    bins = pack_bins(samples, max_tokens)
-    return [build_micro_batch(b, device, teacher, credit) for b in bins]
+    return [build_micro_batch(b, device, teacher) for b in pack_bins(samples, max_tokens)]

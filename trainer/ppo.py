@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
 from liveloop.quality import DriftSums
-from liveloop.trainer.credit import LimitCredit
 from liveloop.trainer.data import MicroBatch, balanced_split, micro_batches
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.loss import (
@@ -67,7 +66,6 @@ class UpdateStats:
     seconds: float
     # on-policy distillation (zero under the 'rl' objective)
     hinted: int = 0  # samples with a directive hint
-    limit_credited: int = 0  # samples blamed past a stated word limit (`limit_credit`)
     opd_samples: int = 0  # samples trained with a teacher signal
     opd_advantage: float = 0.0  # mean OPD advantage applied per taught token
     opd_gap_before: float = 0.0  # mean |log pi_student - log pi_teacher|, before the update
@@ -94,8 +92,6 @@ class UpdateStats:
             f"{self.tokens_per_s:.0f} tok/s, kl {self.approx_kl:.2e}, ref kl {self.ref_kl:.3f}, "
             f"entropy {self.entropy:.2f}"
         )
-        if self.limit_credited:
-            line += f"; {self.limit_credited} blamed past a word limit"
         if not self.hinted:
             return line
         if not self.opd_samples and not self.opd_skipped:  # the 'rl' objective: none taught
@@ -234,7 +230,6 @@ class PPOUpdater:
                 cfg.opd, policy, cfg.micro_batch_tokens, cfg.device, model_name or "default"
             )
             self.distiller = Distiller(cfg.opd, policy, teacher)
-        self.credit = LimitCredit(cfg.limit_credit, policy.tokenizer)
         self.params = policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -319,11 +314,8 @@ class PPOUpdater:
         totals = _Totals()
         signal = self._teacher_signal(shares)
         totals.add_signal(signal)
-        credit = self.credit.for_batch(samples) if self.cfg.limit_credit.enabled else {}
         plan = [
-            micro_batches(
-                share, self.cfg.micro_batch_tokens, self.cfg.device, signal.logprobs, credit
-            )
+            micro_batches(share, self.cfg.micro_batch_tokens, self.cfg.device, signal.logprobs)
             for share in shares
         ]
         mini_targets = [sum(len(s.completion_token_ids) for s in m) for m in minis]
@@ -375,7 +367,6 @@ class PPOUpdater:
             optimizer_steps=len(plan),
             seconds=time.perf_counter() - start,
             hinted=int(sums["hinted"]),
-            limit_credited=len(credit),
             opd_samples=int(sums["opd_samples"]),
             opd_advantage=sums["opd_adv"] / opd_tokens,
             opd_gap_before=sums["gap_before"] / opd_tokens,

@@ -5,7 +5,6 @@ from typing import Literal
 from pydantic import Field
 
 from liveloop.config.base import Objective, Section
-from liveloop.config.credit import LimitCreditSettings
 from liveloop.config.gate import GateSettings
 from liveloop.config.opd import OPDSettings
 from liveloop.config.watch import WatchSettings
@@ -110,4 +109,3 @@ class TrainerConfig(Section):
     gate: GateSettings = Field(default_factory=GateSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     opd: OPDSettings = Field(default_factory=OPDSettings)
-    limit_credit: LimitCreditSettings = Field(default_factory=LimitCreditSettings)
