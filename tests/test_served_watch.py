@@ -73,6 +73,14 @@ def test_a_version_whose_served_replies_drifted_is_rolled_back_once_measured() -
     assert watch.check(found) is None and watch.pending == [1, 2]  # they wait for their tokens
     assert watch.version0_nll == 2.8
 
+    # A version with its turns but not its tokens when a later one is ready is judged on
+    # its turns, and a few measured tokens (below min_ref_tokens) do not count against it.
+    early = ServedWatch(WatchSettings(min_turns=20), [0, 1, 2], lambda v: True, drift=True)
+    few = found[1].model_copy(update={"ref_nll": 9.9, "ref_tokens": 100})
+    ready = found[2].model_copy(update={"ref_nll": 2.9, "ref_tokens": 800})
+    assert early.check({**found, 1: few, 2: ready}) is None
+    assert [s.version for s in early.good] == [0, 1, 2] and early.pending == []
+
     found[1] = found[1].model_copy(update={"ref_nll": 3.0, "ref_tokens": 900})  # 1.07 x v0's
     found[2] = found[2].model_copy(update={"ref_nll": 4.2, "ref_tokens": 800})  # 1.5 x
     rollback = watch.check(found)  # v2's reward is fine; its replies are 1.5 x v0's NLL

@@ -145,15 +145,19 @@ class ServedWatch:
             self.version0_nll = base.ref_nll
         while self.pending:
             version = self.pending[0]
-            if not self._settled(served.get(version)):
-                if any(self._settled(served.get(v)) for v in self.pending[1:]):
+            quality = served.get(version)
+            if not self._settled(quality):
+                if not any(self._settled(served.get(v)) for v in self.pending[1:]):
+                    return None
+                if quality is None or not self._enough_turns(quality):
                     log.info("watch: v%d skipped, a later version is ready first: %s",
-                             version, _short(served.get(version)))  # fmt: skip
+                             version, _short(quality))  # fmt: skip
                     self.pending.pop(0)  # replaced before it served enough turns to judge
                     continue
-                return None
-            candidate = Served.of(served[version])
-            rollback = self._compare(candidate) or self._drifted(served[version])
+                # Enough turns, not all its tokens measured yet: judged on what it has.
+            assert quality is not None
+            candidate = Served.of(quality)
+            rollback = self._compare(candidate) or self._drifted(quality)
             if rollback is not None and rollback.target >= 0:
                 return rollback
             if rollback is None:
@@ -172,19 +176,24 @@ class ServedWatch:
     def _measured(self, quality: VersionQuality) -> bool:
         return quality.ref_nll is not None and quality.ref_tokens >= self.cfg.min_ref_tokens
 
+    def _enough_turns(self, quality: VersionQuality) -> bool:
+        return quality.mean_reward is not None and quality.judged >= self.cfg.min_turns
+
     def _settled(self, quality: VersionQuality | None) -> bool:
         """Enough judged turns (and, with the NLL bound, measured served tokens) to compare."""
         return (
             quality is not None
-            and quality.mean_reward is not None
-            and quality.judged >= self.cfg.min_turns
+            and self._enough_turns(quality)
             and (self.max_nll_ratio is None or quality.version == 0 or self._measured(quality))
         )
 
     def _drifted(self, quality: VersionQuality) -> Rollback | None:
-        """A rollback if the version's served replies became unnatural to the reference."""
+        """A rollback if the version's served replies became unnatural to the reference
+        (measured over `min_ref_tokens` at least: a few tokens say little)."""
         bound, base, nll = self.max_nll_ratio, self.version0_nll, quality.ref_nll
-        if bound is None or base is None or nll is None or nll <= bound * base:
+        if bound is None or base is None or nll is None or not self._measured(quality):
+            return None
+        if nll <= bound * base:
             return None
         reason = (
             f"reference NLL of v{quality.version}'s served replies {nll:.3f} per token (over "

@@ -49,7 +49,8 @@ class WatchSettings(Section):
         gt=1,
         description="Also roll back a version whose served replies' reference NLL per token "
         "exceeds this multiple of version 0's (models with language, when the trainer keeps "
-        "the reference); a version is then compared once its served tokens are measured. "
+        "the reference); a version is then compared once its served tokens are measured, or "
+        "on its turns alone when a later version is ready first. "
         "Main's demo defaults reached 1.31 at most in 14 runs; unset = no bound.",
     )
     min_ref_tokens: int = Field(
