@@ -14,8 +14,10 @@ from it are marked `rolled_back` in the registry.
 
 The watch remembers the versions in the order they went live, and keeps the checkpoints of
 the good ones it compares with. A version whose checkpoint was pruned before it had enough
-turns counts in the comparison but cannot be gone back to. After a restart the watch starts again from
-the current version's ancestors whose checkpoints are still on disk.
+turns counts in the comparison but cannot be gone back to. A version replaced before it had
+`min_turns` judged turns is skipped once a later one is ready; one that had them, but whose
+served tokens are not all measured yet, is judged on its turns. After a restart the watch
+starts again from the current version's ancestors whose checkpoints are still on disk.
 """
 
 from __future__ import annotations
