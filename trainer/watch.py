@@ -160,10 +160,10 @@ class ServedWatch:
             assert quality is not None
             candidate = Served.of(quality)
             rollback = self._compare(candidate) or self._drifted(quality)
-            if rollback is not None and rollback.target >= 0:
+            if rollback is not None and rollback.target != NOWHERE:
                 return rollback
             if rollback is None:
-                log.info("watch: v%d good: %s", version, _short(served[version]))
+                log.info("watch: v%d good: %s", version, _short(quality))
                 self.good.append(candidate)
             else:  # it fell, and no good version's checkpoint is left to go back to
                 log.warning("cannot roll back (no good checkpoint left): %s", rollback.reason)
