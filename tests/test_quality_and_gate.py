@@ -21,9 +21,9 @@ from liveloop.quality import WORD, DriftSums, QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.data import build_micro_batch
 from liveloop.trainer.gate import PromotionGate, build_panel
-from liveloop.trainer.policy import load_policy
+from liveloop.trainer.policy import completion_logprobs, load_policy
 from liveloop.trainer.ppo import drift_sums
-from liveloop.trainer.probes import ProbeResult
+from liveloop.trainer.probes import ProbeResult, reply_logprobs, sample_replies
 from tests.server_proc import ADMIN_KEY, ServerProcess
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
@@ -74,6 +74,23 @@ def _degrade(model: Any) -> None:
             p.add_(3.0 * p.std() * torch.randn_like(p))
             if name == "model.norm.weight":
                 p.mul_(20.0)
+
+
+def test_probe_replies_carry_the_log_probs_a_full_forward_gives() -> None:
+    """The gate takes the candidate's log-probs from `generate`'s logits instead of a second
+    pass: left-padded, KV-cached and tempered sampling must still give the untempered
+    log-probs that one forward of the packed prompt and reply gives."""
+    settings = load_settings(model="tiny-random")
+    policy = load_policy("tiny-random", "cpu", settings.trainer.lora)
+    prompts = [[5, 9, 11, 30, 2], [7, 8], [40, 41, 42]]
+    sampled = sample_replies(
+        policy.model, policy.tokenizer, prompts, max_tokens=12, temperature=0.7, seed=3
+    )
+    full = reply_logprobs(lambda mb: completion_logprobs(policy.model, mb)[0], sampled, "cpu")
+    assert [len(x) for x in sampled.logprobs] == [len(c) for c in sampled.completions]
+    for own, forward in zip(sampled.logprobs, full, strict=True):
+        torch.testing.assert_close(own, forward, atol=1e-4, rtol=1e-4)
+    assert any(float(x.min()) < -1.0 for x in full)  # not all near-certain tokens
 
 
 async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() -> None:

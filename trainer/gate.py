@@ -32,7 +32,7 @@ from liveloop.config.gate import GateSettings
 from liveloop.prm.judges.registry import load_judges
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
-from liveloop.trainer.policy import Policy, completion_logprobs
+from liveloop.trainer.policy import Policy
 from liveloop.trainer.probes import (
     ProbeResult,
     Sampled,
@@ -92,20 +92,17 @@ class PromotionGate:
         self._live: dict[int, ProbeResult] = {}  # probes of recently accepted versions
         self._prompts: list[list[int]] | None = None
 
-    def _sample(self, policy: Policy, version: int) -> tuple[Sampled, list[Any], list[Any]]:
-        """Replies of `version`'s weights (the reference's for 0) and their log-probs."""
+    def _sample(self, policy: Policy, version: int, weights: Any) -> tuple[Sampled, list[Any]]:
+        """Replies of `weights` (the reference's for version 0) and their reference log-probs."""
         if self._prompts is None:
             self._prompts = render_prompts(policy.tokenizer, self.probes)
-        device = str(next(policy.model.parameters()).device)
         if version == 0:
             with reference_weights(policy) as model:
                 sampled = self._replies(model, policy.tokenizer)
-                own = reply_logprobs(lambda mb: completion_logprobs(model, mb)[0], sampled, device)
-            return sampled, own, own
-        sampled = self._replies(policy.model, policy.tokenizer)
-        own = reply_logprobs(lambda mb: completion_logprobs(policy.model, mb)[0], sampled, device)
-        reference = reply_logprobs(policy.reference_logprobs, sampled, device)
-        return sampled, own, reference
+            return sampled, sampled.logprobs
+        sampled = self._replies(weights, policy.tokenizer)
+        device = str(next(policy.model.parameters()).device)
+        return sampled, reply_logprobs(policy.reference_logprobs, sampled, device)
 
     def _replies(self, model: Any, tokenizer: Any) -> Sampled:
         assert self._prompts is not None
@@ -118,14 +115,17 @@ class PromotionGate:
             seed=self.cfg.seed,
         )
 
-    async def probe(self, policy: Policy, version: int) -> ProbeResult:
-        """Answer, judge and measure the probe set with `version`'s weights."""
+    async def probe(self, policy: Policy, version: int, weights: Any = None) -> ProbeResult:
+        """Answer, judge and measure the probe set with `version`'s weights: `weights` (the
+        plain model the version is served as, `Policy.export()`; LoRA adapters merged sample
+        faster) or, when not given, the policy's model as it stands."""
         started = time.perf_counter()
-        sampled, own, reference = await asyncio.to_thread(self._sample, policy, version)
+        model = weights if weights is not None else policy.model
+        sampled, reference = await asyncio.to_thread(self._sample, policy, version, model)
         replies = await judge_replies(
             self.panel, self.probes, sampled, version, self.model, self.cfg.seed
         )
-        result = summarise(version, self.probes, replies, own, reference)
+        result = summarise(version, self.probes, replies, sampled.logprobs, reference)
         result.seconds = time.perf_counter() - started
         return result
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from liveloop.config import JudgeConfig, SharedSettings, TrainerConfig
 from liveloop.config.defaults import model_defaults
@@ -77,11 +77,12 @@ class Safeguards:
         drift = drift and model_defaults(self.shared.model).has_language
         self.watch = ServedWatch.resume(self.cfg.watch, store, state, drift=drift)
 
-    async def judge(self, policy: Policy, version: int) -> GateVerdict | None:
-        """The promotion gate's verdict on `version`, just trained (None: no gate)."""
+    async def judge(self, policy: Policy, version: int, weights: Any) -> GateVerdict | None:
+        """The promotion gate's verdict on `version`, just trained and exported as `weights`
+        (None: no gate)."""
         if self.gate is None:
             return None
-        probe = await self.gate.probe(policy, version)
+        probe = await self.gate.probe(policy, version, weights)
         verdict = self.gate.decide(probe)
         self.metrics.observe_gate(verdict.accepted, probe)
         if verdict.accepted:

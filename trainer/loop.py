@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
@@ -311,7 +312,9 @@ class Trainer:
         stats = await asyncio.to_thread(self._updater().update, samples, message.lr_scale)
         if self.quality is not None:
             await self.quality.add_drift(stats.drift)
-        verdict = await self.guards.judge(self._updater().policy, self.next_version)
+        policy = self._updater().policy
+        weights = await asyncio.to_thread(policy.export)  # probed as served, then saved
+        verdict = await self.guards.judge(policy, self.next_version, weights)
         started = time.perf_counter()
         metrics = stats.as_metrics()
         metrics["reward_mean"] = sum(s.score for s in samples) / len(samples)
@@ -324,7 +327,8 @@ class Trainer:
             status="accepted" if accepted else "rejected",
             reason=verdict.reason if verdict else None,
         )
-        path = await asyncio.to_thread(self._save, state)
+        path = await asyncio.to_thread(self._save, state, weights)
+        del weights
         probe = verdict.probe.model_dump() if verdict is not None else None
         await publisher.publish(state, path, probe)
         self.next_version += 1
@@ -378,10 +382,10 @@ class Trainer:
         self.guards.rolled_back(rollback, state.version)
         self.metrics.version.set(self.version)
 
-    def _save(self, state: TrainerState) -> Path:
+    def _save(self, state: TrainerState, weights: Any = None) -> Path:
+        """Checkpoint `state` with `weights` (the policy exported, by default)."""
         updater = self._updater()
         policy = updater.policy
         adapter = policy.model if policy.lora else None
-        return self.store.save(
-            policy.export(), policy.tokenizer, updater.optimizer, state, adapter=adapter
-        )
+        weights = weights if weights is not None else policy.export()
+        return self.store.save(weights, policy.tokenizer, updater.optimizer, state, adapter=adapter)

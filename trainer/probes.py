@@ -4,9 +4,10 @@ A probe is a question plus, when it comes from a held-out simulated user, that u
 reacts to the reply the way they would in a session; the reaction is the next state the
 configured judges score, exactly as in the judging loop. Replies are sampled in one
 batched `generate` with a fixed seed, so two versions answer the same questions with the
-same random numbers, which keeps their comparison tight. Each reply is also scored by the
-reference model: its NLL per token (how unnatural the reply is) and a k3 estimate of the
-KL from the policy to the reference.
+same random numbers, which keeps their comparison tight. The sampling model's own log-probs
+of the sampled tokens come from the logits `generate` computed anyway, so only the reference
+model runs a second pass: each reply's NLL per token under it (how unnatural the reply is)
+and a k3 estimate of the KL from the policy to the reference.
 """
 
 from __future__ import annotations
@@ -85,11 +86,13 @@ class ProbeResult(BaseModel):
 
 @dataclass
 class Sampled:
-    """Prompt and completion token ids of every probe, and the reply texts."""
+    """Prompt and completion token ids of every probe, the reply texts, and each completion
+    token's log-prob under the model that sampled it (untempered)."""
 
     prompts: list[list[int]]
     completions: list[list[int]]
     texts: list[str]
+    logprobs: list[torch.Tensor]
 
 
 def render_prompts(tokenizer: Any, probes: list[Probe]) -> list[list[int]]:
@@ -135,15 +138,31 @@ def sample_replies(
                 max_new_tokens=max_tokens,
                 pad_token_id=pad,
                 eos_token_id=sorted(eos_ids),
+                return_dict_in_generate=True,
+                output_logits=True,
             )
     finally:
         model.train(was_training)
+    sampled = out.sequences[:, width:]
+    logp = _sampled_logprobs(out.logits, sampled)
     completions: list[list[int]] = []
-    for row in out[:, width:].tolist():
+    for row in sampled.tolist():
         cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
         completions.append(row[:cut])
     texts = [tokenizer.decode(c, skip_special_tokens=True).strip() for c in completions]
-    return Sampled(list(prompts), completions, texts)
+    own = [logp[i, : len(c)] for i, c in enumerate(completions)]
+    return Sampled(list(prompts), completions, texts, own)
+
+
+def _sampled_logprobs(logits: tuple[torch.Tensor, ...], sampled: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each sampled token under the raw (untempered) logits of its step."""
+    import torch
+
+    steps = [
+        torch.log_softmax(step.float(), dim=-1).gather(1, sampled[:, i, None]).squeeze(1)
+        for i, step in enumerate(logits)
+    ]
+    return torch.stack(steps, dim=1).cpu()
 
 
 def reply_logprobs(
