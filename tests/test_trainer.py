@@ -10,7 +10,13 @@ import torch
 from liveloop.config import load_settings
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
-from liveloop.trainer.data import balanced_split, build_micro_batch, micro_batches
+from liveloop.trainer.data import (
+    balanced_split,
+    build_micro_batch,
+    micro_batches,
+    pack_rows,
+    share_prefixes,
+)
 from liveloop.trainer.policy import Policy, completion_logprobs, load_policy
 from liveloop.trainer.ppo import PPOUpdater
 
@@ -32,6 +38,34 @@ def make_samples(n: int, seed: int = 0) -> list[BatchSample]:
             )
         )
     return out
+
+
+def session_samples(seed: int = 6) -> list[BatchSample]:
+    """Three turns of one session, each prompt extending the turn before token-exactly; a
+    reply to turn 0's prompt that differs from the one the session kept; another session."""
+    rng = random.Random(seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(1, 1000) for _ in range(n)]
+
+    def sample(key: str, prompt: list[int], completion: list[int], version: int) -> BatchSample:
+        n = len(completion)
+        logprobs = [-10.8 + rng.uniform(-0.5, 0.5) for _ in range(n)]
+        return BatchSample(
+            key=key, prompt_token_ids=prompt, completion_token_ids=completion,
+            logprobs=logprobs, versions=[version] * n, advantage=rng.uniform(-1, 1), score=0.0,
+        )  # fmt: skip
+
+    turn0 = sample("a:0", tokens(9), tokens(7), 0)
+    turn1 = sample(
+        "a:1", turn0.prompt_token_ids + turn0.completion_token_ids + tokens(5), tokens(8), 1
+    )
+    turn2 = sample(
+        "a:2", turn1.prompt_token_ids + turn1.completion_token_ids + tokens(4), tokens(6), 1
+    )
+    other_reply = sample("b:0", list(turn0.prompt_token_ids), tokens(7), 0)
+    other_session = sample("c:0", tokens(12), tokens(5), 0)
+    return [turn1, other_session, turn0, other_reply, turn2]
 
 
 def policy() -> Policy:
@@ -126,3 +160,45 @@ def test_importance_cap_masks_tokens_from_a_distant_behaviour_policy() -> None:
     total = sum(len(s.completion_token_ids) for s in samples)
     assert stats.masked_fraction == pytest.approx(masked_tokens / total)
     assert stats.iw_max > 5.0
+
+
+def test_a_session_s_earlier_turns_ride_in_the_row_of_its_last_turn() -> None:
+    samples = session_samples()
+    rows = share_prefixes(samples)
+    groups = sorted([s.key for s in row.samples] for row in rows)
+    assert groups == [["a:0", "a:1", "a:2"], ["b:0"], ["c:0"]]
+    (mb,) = micro_batches(samples, 4096)
+    assert mb.num_tokens == sum(row.num_tokens for row in rows) < sum(s.num_tokens for s in samples)
+    assert mb.num_samples == len(samples)
+    pol = policy()
+    with torch.no_grad():
+        shared = completion_logprobs(pol.model, pack_rows(rows))[0]
+        alone = [
+            completion_logprobs(pol.model, build_micro_batch([s]))[0]
+            for r in rows
+            for s in r.samples
+        ]
+    torch.testing.assert_close(shared, torch.cat(alone), atol=1e-5, rtol=0)
+    assert mb.segments == [
+        (len(s.completion_token_ids), s.min_version) for r in rows for s in r.samples
+    ]
+
+
+def test_sharing_prefixes_does_not_change_the_update() -> None:
+    samples = session_samples(seed=7)
+    lora = load_settings().trainer.lora
+    a, b = (load_policy("tiny-random", "cpu", lora, with_reference=True) for _ in range(2))
+    shared = PPOUpdater(a, trainer_cfg(kl_coef=0.1)).update(samples)
+    alone = PPOUpdater(b, trainer_cfg(kl_coef=0.1, share_prefixes=False)).update(samples)
+    assert shared.row_tokens < alone.row_tokens == alone.forward_tokens == shared.forward_tokens
+    assert shared.loss == pytest.approx(alone.loss, abs=1e-6)
+    assert shared.entropy == pytest.approx(alone.entropy, rel=1e-5)
+    assert shared.drift.keys() == alone.drift.keys() == {0, 1}
+    for version, sums in shared.drift.items():
+        assert sums.tokens == alone.drift[version].tokens
+        assert sums.nll_sum == pytest.approx(alone.drift[version].nll_sum, rel=1e-5)
+        assert sums.kl_sum == pytest.approx(alone.drift[version].kl_sum, rel=1e-4, abs=1e-7)
+    for x, y in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert x.grad is not None and y.grad is not None
+        torch.testing.assert_close(x.grad, y.grad, atol=1e-6, rtol=1e-3)
+        torch.testing.assert_close(x, y, atol=5e-5, rtol=0)

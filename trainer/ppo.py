@@ -1,7 +1,9 @@
 """One policy update on one batch: proximal log-probs, decoupled PPO steps, statistics.
 
 A batch is split into `minibatches` (one optimizer step each); each minibatch is split
-across data-parallel ranks and packed into micro-batches. Proximal log-probs are computed
+across data-parallel ranks and packed into micro-batches, where an earlier turn of a
+session rides in the forward pass of a later one whose prompt begins with it
+(`share_prefixes`). Proximal log-probs are computed
 under the weights before the first step, without gradients. Each micro-batch's loss is its
 token sum divided by the *global* completion-token count of its minibatch, and gradients
 are summed over ranks, so the step equals the token-level mean over the whole minibatch no
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 
 # Order of the summed statistics in the all-reduced tensor.
 _SUMS = (
-    "loss", "tokens", "clipped", "masked", "iw", "approx_kl", "ref_kl", "entropy",
+    "loss", "tokens", "clipped", "masked", "iw", "approx_kl", "ref_kl", "entropy", "row_tokens",
     "hinted", "opd_samples", "opd_tokens", "opd_adv", "gap_before", "gap_after",
     *(f"skip_{reason}" for reason in SKIP_REASONS),
 )  # fmt: skip
@@ -61,7 +63,8 @@ class UpdateStats:
     grad_norm: float
     samples: int
     completion_tokens: int
-    forward_tokens: int
+    forward_tokens: int  # prompt + completion tokens of the samples
+    row_tokens: int  # tokens run through the model (fewer where samples share prefixes)
     optimizer_steps: int
     seconds: float
     # on-policy distillation (zero under the 'rl' objective)
@@ -89,8 +92,8 @@ class UpdateStats:
         """One line for the trainer's log: size, rate, loss, speed, drift (and OPD if any)."""
         line = (
             f"{self.samples} samples, lr {self.lr:.1e}, loss {self.loss:.4f}, "
-            f"{self.tokens_per_s:.0f} tok/s, kl {self.approx_kl:.2e}, ref kl {self.ref_kl:.3f}, "
-            f"entropy {self.entropy:.2f}"
+            f"{self.tokens_per_s:.0f} tok/s ({self.row_tokens} of {self.forward_tokens} run), "
+            f"kl {self.approx_kl:.2e}, ref kl {self.ref_kl:.3f}, entropy {self.entropy:.2f}"
         )
         if not self.hinted:
             return line
@@ -259,6 +262,15 @@ class PPOUpdater:
             return TeacherSignal(hinted=sum(s.hint is not None for share in shares for s in share))
         return self.distiller.signal([s for share in shares for s in share])
 
+    def _micro_batches(self, samples: list[BatchSample], signal: TeacherSignal) -> list[MicroBatch]:
+        return micro_batches(
+            samples,
+            self.cfg.micro_batch_tokens,
+            self.cfg.device,
+            signal.logprobs,
+            share=self.cfg.share_prefixes,
+        )
+
     def _gap_after(self, shares: list[list[BatchSample]], signal: TeacherSignal) -> float:
         """Sum of |log pi_student - log pi_teacher| over the taught tokens, after the steps."""
         import torch
@@ -266,9 +278,7 @@ class PPOUpdater:
         taught = [s for share in shares for s in share if s.key in signal.logprobs]
         total = 0.0
         with torch.no_grad():
-            for mb in micro_batches(
-                taught, self.cfg.micro_batch_tokens, self.cfg.device, signal.logprobs
-            ):
+            for mb in self._micro_batches(taught, signal):
                 after = completion_logprobs(self.policy.model, mb)[0]
                 total += float(((after - mb.teacher).abs() * mb.opd_mask).sum())
         return total
@@ -314,10 +324,8 @@ class PPOUpdater:
         totals = _Totals()
         signal = self._teacher_signal(shares)
         totals.add_signal(signal)
-        plan = [
-            micro_batches(share, self.cfg.micro_batch_tokens, self.cfg.device, signal.logprobs)
-            for share in shares
-        ]
+        plan = [self._micro_batches(share, signal) for share in shares]
+        totals.sums["row_tokens"] = sum(mb.num_tokens for mbs in plan for mb in mbs)
         mini_targets = [sum(len(s.completion_token_ids) for s in m) for m in minis]
         proximal, reference = self._no_grad_logprobs(plan, self.cfg.fuse_proximal)
         drift = self._drift(plan, reference)
@@ -364,6 +372,7 @@ class PPOUpdater:
             samples=len(samples),
             completion_tokens=sum(mini_targets),
             forward_tokens=sum(len(s.prompt_token_ids) for s in samples) + sum(mini_targets),
+            row_tokens=int(sums["row_tokens"]),
             optimizer_steps=len(plan),
             seconds=time.perf_counter() - start,
             hinted=int(sums["hinted"]),

@@ -83,6 +83,14 @@ class TrainerConfig(Section):
             "(same weights, identical values) instead of an extra no-grad pass."
         ),
     )
+    share_prefixes: bool = Field(
+        True,
+        description=(
+            "Score a sample whose prompt + completion begin another sample's prompt (an "
+            "earlier turn of the same session) in that sample's forward pass, instead of a "
+            "pass of its own: the same log-probs for 40-50% fewer tokens on multi-turn traffic."
+        ),
+    )
     micro_batch_tokens: int = Field(
         2048,
         ge=16,
