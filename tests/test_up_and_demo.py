@@ -58,12 +58,15 @@ def test_up_runs_restarts_and_stops_everything(tmp_path: Path) -> None:
         str(tmp_path),
         "--quiet",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     parent = psutil.Process(proc.pid)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc)
         loops = _loop_children(parent)
         assert set(loops) == {"serve", "judge", "collect", "train"}
+        # loops sharing the cores: their OpenMP workers sleep when idle instead of spinning
+        assert all(p.environ().get("OMP_WAIT_POLICY") == "PASSIVE" for p in loops.values())
         everything = parent.children(recursive=True)
         assert any("valkey-server" in " ".join(p.cmdline()) for p in everything)
 
