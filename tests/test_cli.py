@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 import redis
 
-from liveloop.valkey import free_port
+from liveloop.valkey import EmbeddedValkey, free_port
 
 CLI = [sys.executable, "-m", "liveloop.cli"]
 
@@ -79,6 +80,35 @@ def test_unreachable_redis_is_one_line(command: str, tmp_path: Path) -> None:
         "tiny-random",
     )
     assert_one_line_error(proc, "cannot reach Redis")
+
+
+def _wait_for_line(log_file: Path, needle: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if needle in log_file.read_text(errors="replace"):
+            return
+        assert proc.poll() is None, log_file.read_text(errors="replace")
+        time.sleep(0.2)
+    raise AssertionError(f"no {needle!r} in the log: {log_file.read_text(errors='replace')}")
+
+
+def test_train_stops_on_sigterm_while_redis_is_down(tmp_path: Path) -> None:
+    valkey = EmbeddedValkey(tmp_path).start()
+    env = dict(os.environ, LIVELOOP_TRAINER__GATE__ENABLED="false")
+    args = ["--model", "tiny-random", "--data-dir", str(tmp_path), "--redis-url", valkey.url]
+    log_file = tmp_path / "train.log"
+    with log_file.open("wb") as out:
+        proc = subprocess.Popen([*CLI, "train", *args], stdout=out, stderr=out, env=env)
+    try:
+        _wait_for_line(log_file, "training tiny-random from v0", proc)
+        valkey.stop()
+        _wait_for_line(log_file, "Redis unavailable", proc)
+        proc.send_signal(signal.SIGTERM)  # e.g. from its supervisor, gone with Redis
+        assert proc.wait(20) == 0
+    finally:
+        valkey.stop()
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_sglang_engine_without_servers_is_refused(redis_url: str, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ Turns of one session share their tokens: the server extends a session's prompt t
 so turn k's prompt and reply are the first tokens of turn k+1's prompt. Such a sample rides
 in the row of the longer one (`share_prefixes`): one forward pass over turn k+1 scores turn
 k's reply too, at the very positions and with the very context its own pass would have had.
-On the demo's multi-turn traffic this removes 40-50% of the tokens run through the model.
+Over the 31 batches of one demo this ran 46% fewer tokens through the model.
 """
 
 from __future__ import annotations

@@ -246,10 +246,21 @@ class Trainer:
             except REDIS_ERRORS as exc:
                 if self.comm.world > 1:  # the followers cannot reload with us: end the run
                     raise
+                if self._stop.is_set():  # asked to stop: nothing to wait for
+                    log.info("stopping during a Redis outage (%s)", exc)
+                    return
                 log.warning("Redis unavailable (%s); resuming in %.1fs", exc, pause)
-                await asyncio.sleep(pause)
+                if await self._stopped_within(pause):
+                    return
                 pause = min(pause * 2, RETRY_MAX_S)
                 await asyncio.to_thread(self.setup)
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if `stop()` is called meanwhile; True if it was."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.25, max(deadline - time.monotonic(), 0.0)))
+        return self._stop.is_set()
 
     def _run_config(self) -> dict[str, object]:
         secret = {"opd": {"endpoint": {"api_key"}}}  # the teacher's key stays out of the registry

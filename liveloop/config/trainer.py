@@ -88,7 +88,7 @@ class TrainerConfig(Section):
         description=(
             "Score a sample whose prompt + completion begin another sample's prompt (an "
             "earlier turn of the same session) in that sample's forward pass, instead of a "
-            "pass of its own: the same log-probs for 40-50% fewer tokens on multi-turn traffic."
+            "pass of its own: the same log-probs, 46% fewer tokens run over one demo's batches."
         ),
     )
     micro_batch_tokens: int = Field(
