@@ -19,10 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
-import time
-from collections.abc import Callable
+import sys
+from pathlib import Path
 
+# `python bench/prefixes.py` puts bench/ first on sys.path, where bench/trainer.py would
+# shadow the `trainer` package: the repository root goes there instead.
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.trainer import timed
 from liveloop.config.defaults import model_defaults
 from liveloop.config.trainer import LoraSettings, TrainerConfig
 from liveloop.contracts import BatchSample
@@ -59,18 +64,6 @@ def session_batch(sessions: int, vocab: int, seed: int) -> list[BatchSample]:
                 )
             prompt = prompt + reply + tokens(rng.randint(15, 30))  # the user's next message
     return batch
-
-
-def timed(step: Callable[[], object], warmup: int, iters: int) -> float:
-    """Median seconds of one call."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def update_seconds(
