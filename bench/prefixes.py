@@ -31,6 +31,7 @@ from bench.trainer import timed
 from liveloop.config.defaults import model_defaults
 from liveloop.config.trainer import LoraSettings, TrainerConfig
 from liveloop.contracts import BatchSample
+from liveloop.models import load_tokenizer
 from liveloop.trainer.data import share_prefixes
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater
@@ -95,7 +96,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    vocab = len(load_policy(args.model, "cpu", LoraSettings()).tokenizer)
+    vocab = len(load_tokenizer(args.model))
     samples = session_batch(args.sessions, vocab, args.seed)
     rows = share_prefixes(samples)
     tokens = sum(s.num_tokens for s in samples)
