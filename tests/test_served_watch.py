@@ -96,6 +96,30 @@ def test_a_version_whose_served_replies_drifted_is_rolled_back_once_measured() -
     assert unmeasured.check(found) is None and unmeasured.pending == []
 
 
+def test_a_fall_in_served_reward_does_not_wait_for_the_tokens_to_be_measured() -> None:
+    """The trainer measures a version's served tokens only when it trains on them, versions
+    later; a version whose judged turns already show a fall is rolled back before that."""
+    found = {0: VersionQuality(version=0, judged=40, mean_reward=-0.3, reward_sd=0.6,
+                               ref_nll=2.8, ref_tokens=1500)}  # fmt: skip
+    found[1] = served(1, 22, -0.3, 0.6)  # as good as v0, its tokens not measured yet
+    found[2] = served(2, 8, -0.9, 0.3)  # too few turns to tell
+    watch = ServedWatch(WatchSettings(min_turns=20), [0], lambda v: True, drift=True)
+    for version in (1, 2, 3):
+        watch.went_live(version)
+    assert watch.check(found) is None and watch.pending == [1, 2, 3]
+
+    found[2] = served(2, 24, -0.9, 0.3)  # 0.6 below v0, z = 4.6: a fall, tokens or not
+    rollback = watch.check(found)
+    assert rollback is not None
+    assert (rollback.target, rollback.culprit, rollback.abandoned) == (0, 2, [1, 2, 3])
+    assert rollback.reasons(4) == {
+        1: "went live before v2, rolled back to v0 as v4 with it",
+        2: f"{rollback.reason}; rolled back to v0 as v4",
+        3: "went live after v2, rolled back to v0 as v4 with it",
+    }
+    assert [s.version for s in watch.good] == [0]  # v1 is not good until its tokens are
+
+
 async def _write_turns(client: aredis.Redis, version: int, scores: list[float]) -> None:
     async with client.pipeline(transaction=False) as pipe:
         for score in scores:

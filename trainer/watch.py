@@ -16,7 +16,10 @@ The watch remembers the versions in the order they went live, and keeps the chec
 the good ones it compares with. A version whose checkpoint was pruned before it had enough
 turns counts in the comparison but cannot be gone back to. A version replaced before it had
 `min_turns` judged turns is skipped once a later one is ready; one that had them, but whose
-served tokens are not all measured yet, is judged on its turns. After a restart the watch
+served tokens are not all measured yet, is judged on its turns. The reward check does not
+wait for those tokens either: the trainer measures them only when it trains on them, two or
+three versions later, so a version whose served reward fell is rolled back as soon as its
+turns show it, with the versions that went live since. After a restart the watch
 starts again from the current version's ancestors whose checkpoints are still on disk.
 """
 
@@ -75,18 +78,19 @@ class Rollback:
 
     target: int
     culprit: int
-    abandoned: list[int]  # the culprit and every version that went live after it
+    abandoned: list[int]  # every live version not yet judged good, the culprit among them
     reason: str
 
     def reasons(self, new_version: int) -> dict[int, str]:
         """What the registry says of each abandoned version, once `new_version` replaced it."""
         rolled = f"rolled back to v{self.target} as v{new_version}"
-        return {
-            v: f"{self.reason}; {rolled}"
-            if v == self.culprit
-            else f"went live after v{self.culprit}, {rolled} with it"
-            for v in self.abandoned
-        }
+        return {v: self._why(v, rolled) for v in self.abandoned}
+
+    def _why(self, version: int, rolled: str) -> str:
+        if version == self.culprit:
+            return f"{self.reason}; {rolled}"
+        order = "after" if version > self.culprit else "before"
+        return f"went live {order} v{self.culprit}, {rolled} with it"
 
 
 class ServedWatch:
@@ -150,7 +154,7 @@ class ServedWatch:
             quality = served.get(version)
             if not self._settled(quality):
                 if not any(self._settled(served.get(v)) for v in self.pending[1:]):
-                    return None
+                    return self._fell_early(served)
                 if quality is None or not self._enough_turns(quality):
                     log.info("watch: v%d skipped, a later version is ready first: %s",
                              version, _short(quality))  # fmt: skip
@@ -168,6 +172,19 @@ class ServedWatch:
             else:  # it fell, and no good version's checkpoint is left to go back to
                 log.warning("cannot roll back (no good checkpoint left): %s", rollback.reason)
             self.pending.pop(0)
+        return None
+
+    def _fell_early(self, served: dict[int, VersionQuality]) -> Rollback | None:
+        """A rollback for a pending version whose served reward already fell, before its
+        tokens are measured (the trainer measures them only when it trains on them, a few
+        versions later): a reward check need not wait for the NLL check."""
+        for version in self.pending:
+            quality = served.get(version)
+            if quality is None or not self._enough_turns(quality):
+                continue
+            rollback = self._compare(Served.of(quality))
+            if rollback is not None and rollback.target != NOWHERE:
+                return rollback
         return None
 
     def rolled_back(self, new_version: int) -> None:
