@@ -17,9 +17,11 @@ the good ones it compares with. A version whose checkpoint was pruned before it 
 turns counts in the comparison but cannot be gone back to. A version replaced before it had
 `min_turns` judged turns is skipped once a later one is ready; one that had them, but whose
 served tokens are not all measured yet, is judged on its turns. The reward check does not
-wait for those tokens either: the trainer measures them only when it trains on them, two or
-three versions later, so a version whose served reward fell is rolled back as soon as its
-turns show it, with the versions that went live since. After a restart the watch
+wait for those tokens either: the trainer measures them only when it trains on them (three
+or four versions later in a demo), so a version whose served reward fell is rolled back as
+soon as its turns show it, with the versions that went live since. Until its tokens are in,
+the same version's reward is compared again at every look (as its turns grow), which makes
+a needless rollback a little likelier than the single test's `z` says. After a restart the watch
 starts again from the current version's ancestors whose checkpoints are still on disk.
 """
 
