@@ -13,7 +13,9 @@ from liveloop.config.watch import WatchSettings
 from liveloop.evaluation import format_table, quality_rows
 from liveloop.quality import QualityStore, VersionQuality
 from liveloop.registry import Registry
+from liveloop.trainer.source import Publisher
 from liveloop.trainer.watch import ServedWatch
+from liveloop.weights.transport import SharedDiskTransport
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_quality_and_gate import _announced
 from tests.test_trainer import make_samples
@@ -118,6 +120,34 @@ def test_a_fall_in_served_reward_does_not_wait_for_the_tokens_to_be_measured() -
         3: "went live after v2, rolled back to v0 as v4 with it",
     }
     assert [s.version for s in watch.good] == [0]  # v1 is not good until its tokens are
+
+
+def test_a_version_pruned_before_the_watch_judged_it_keeps_its_registry_row(
+    tmp_path: Path,
+) -> None:
+    """Short replies can keep the watch from judging a version until newer ones have pushed
+    its checkpoint out; its registry row stays until the watch has judged it, so that a
+    rollback can still say which version fell and why."""
+    registry = Registry.open(f"sqlite:///{tmp_path / 'registry.sqlite'}")
+    try:
+        publisher = Publisher(SharedDiskTransport(tmp_path), registry, None)
+        for version in (1, 2, 3, 4):
+            registry.add_model_version(version, str(tmp_path / f"v{version}"), version - 1)
+        publisher.forget([1, 2], awaiting=frozenset({2, 3, 4}))  # v1 judged, v2 not yet
+        assert registry.get_model_version(1) is None
+        assert registry.get_model_version(2) is not None
+
+        publisher.mark_rolled_back({2: "served worse", 3: "went live after v2"})
+        publisher.forget([], awaiting=frozenset({5}))  # the rollback's new version
+        assert [registry.get_model_version(v) is not None for v in (2, 3, 4)] == [True] * 3
+        kept = registry.get_model_version(2)
+        assert kept is not None and (kept.status, kept.reason) == ("rolled_back", "served worse")
+
+        publisher.forget([4], awaiting=frozenset({4}))  # pruned, then judged good: forgotten
+        publisher.forget([], awaiting=frozenset())
+        assert registry.get_model_version(4) is None
+    finally:
+        registry.close()
 
 
 async def _write_turns(client: aredis.Redis, version: int, scores: list[float]) -> None:

@@ -103,6 +103,10 @@ class Safeguards:
         """Checkpoints the watch may need: the good versions and the next ones to check."""
         return self.watch.keep() if self.watch is not None else frozenset()
 
+    def awaiting(self) -> frozenset[int]:
+        """Live versions the watch has yet to judge."""
+        return frozenset(self.watch.pending) if self.watch is not None else frozenset()
+
     async def check_served(self, quality: QualityStore | None) -> Rollback | None:
         """Every `check_interval_s`, the watch's look at the live versions' counters."""
         if self.watch is None or quality is None or time.monotonic() < self._next_watch:

@@ -351,7 +351,7 @@ class Trainer:
             await self._revert(self.version, state.applied_batches)
         protect = frozenset({self.version}) | self.guards.keep()
         pruned = await asyncio.to_thread(self.store.prune, protect)
-        await asyncio.to_thread(publisher.forget, pruned)
+        await asyncio.to_thread(publisher.forget, pruned, self.guards.awaiting())
         await source.done(item)
         self.updates_done += 1
         self.last_stats = stats

@@ -138,6 +138,7 @@ class Publisher:
         self.transport = transport
         self.registry = registry
         self.run_id = run_id
+        self._deferred: set[int] = set()  # pruned while the watch had yet to judge them
 
     def record(
         self,
@@ -208,13 +209,18 @@ class Publisher:
         for version, reason in reasons.items():
             self.registry.set_model_version_status(version, "rolled_back", reason)
 
-    def forget(self, versions: list[int]) -> None:
+    def forget(self, versions: list[int], awaiting: frozenset[int] = frozenset()) -> None:
         """Drop pruned versions from the registry (their checkpoints are gone).
 
         Refused and rolled-back versions stay, with their reason: the record of a refusal
-        matters more than the checkpoint it refused.
+        matters more than the checkpoint it refused. A version the served-quality watch has
+        yet to judge (`awaiting`) stays until it has been: if the watch finds it bad, the
+        rollback's record needs its row, checkpoint or not.
         """
-        for version in versions:
+        self._deferred |= set(versions) & awaiting
+        due = sorted((set(versions) | self._deferred) - awaiting)
+        self._deferred &= awaiting
+        for version in due:
             info = self.registry.get_model_version(version)
             if info is not None and info.status != "accepted":
                 continue
