@@ -42,9 +42,9 @@ LoRA, KL 0.05 gained +0.75 and 0.02 gained +0.64 (one run each, every quality ch
 3 versions refused in each), against +0.67 to +0.72 in four runs at 0.1: no gain worth
 less anchoring, so 0.1 stays. With the faster trainer of late November (versions every
 ~29 s), pacing at 16 turns per version instead of 24 (the watch's `min_turns` lowered to 16
-with it) made 36 versions instead of 28-33 but only 580 judged turns instead of 693-812,
-and gained +0.45 (every check kept, 3 refused), against +0.16 to +1.11 (median +0.82) in
-six runs at 24 the same days: no reason to change (one run).
+with it) made 36 versions instead of 28-35 but only 580 judged turns instead of 693-815,
+and gained +0.45 (every check kept, 3 refused), against +0.16 to +1.11 (median +0.81) in
+seven runs at 24 the same days: no reason to change (one run).
 """
 
 from __future__ import annotations
