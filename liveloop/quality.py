@@ -53,6 +53,7 @@ class VersionQuality(BaseModel):
     ref_nll: float | None = Field(None, description="Reference model's NLL per served token.")
     kl_ref: float | None = Field(None, description="k3 KL(served policy || reference) per token.")
     ref_tokens: int = Field(0, description="Served tokens the reference measures are over.")
+    ref_replies: int = Field(0, description="Served replies those tokens belong to.")
 
     @classmethod
     def from_counters(cls, version: int, raw: dict[str, Any], distinct: int) -> VersionQuality:
@@ -73,6 +74,7 @@ class VersionQuality(BaseModel):
             ref_nll=float(raw["ref_nll_sum"]) / tokens if tokens else None,
             kl_ref=float(raw["kl_sum"]) / tokens if tokens else None,
             ref_tokens=tokens,
+            ref_replies=int(raw.get("ref_replies", 0)),
         )
 
 
@@ -91,12 +93,14 @@ class DriftSums:
     tokens: int = 0
     nll_sum: float = 0.0
     kl_sum: float = 0.0
+    replies: int = 0  # served replies (or the part of one a version sampled) the sums cover
 
     def add(self, other: DriftSums) -> None:
         """Fold another set of sums in."""
         self.tokens += other.tokens
         self.nll_sum += other.nll_sum
         self.kl_sum += other.kl_sum
+        self.replies += other.replies
 
 
 class QualityStore:
@@ -131,6 +135,7 @@ class QualityStore:
                 key = keys.quality_counters(version)
                 pipe.zadd(keys.QUALITY_VERSIONS, {str(version): version})
                 pipe.hincrby(key, "ref_tokens", sums.tokens)
+                pipe.hincrby(key, "ref_replies", sums.replies)
                 pipe.hincrbyfloat(key, "ref_nll_sum", sums.nll_sum)
                 pipe.hincrbyfloat(key, "kl_sum", sums.kl_sum)
             await pipe.execute()

@@ -41,7 +41,7 @@ async def test_quality_measures_of_a_known_reply_set(aredis_client: aredis.Redis
             QualityStore.queue_turn(pipe, 3, score, text)
         QualityStore.queue_turn(pipe, 4, 0.5, "x")
         await pipe.execute()
-    await store.add_drift({3: DriftSums(tokens=4, nll_sum=8.0, kl_sum=0.4)})
+    await store.add_drift({3: DriftSums(tokens=4, nll_sum=8.0, kl_sum=0.4, replies=2)})
     [v3] = await store.read([3])
     assert (v3.judged, v3.unscored) == (2, 1)
     assert v3.mean_reward == pytest.approx(0.0)
@@ -49,6 +49,7 @@ async def test_quality_measures_of_a_known_reply_set(aredis_client: aredis.Redis
     assert v3.mean_reply_words == pytest.approx(8 / 3)
     assert v3.distinct_2 == pytest.approx(4 / 5)  # 4 distinct of 5 bigrams
     assert v3.ref_nll == pytest.approx(2.0) and v3.kl_ref == pytest.approx(0.1)
+    assert (v3.ref_tokens, v3.ref_replies) == (4, 2)
     assert [q.version for q in await store.read()] == [3, 4]
 
 
@@ -62,7 +63,7 @@ def test_drift_sums_split_a_micro_batch_by_served_version() -> None:
     for sample, version in zip(samples, (5, 6), strict=True):
         n = len(sample.completion_token_ids)
         d = torch.tensor(-2.0) - torch.tensor(sample.logprobs)
-        assert out[version].tokens == n
+        assert (out[version].tokens, out[version].replies) == (n, 1)
         assert out[version].nll_sum == pytest.approx(2.0 * n)
         assert out[version].kl_sum == pytest.approx(float((d.exp() - d - 1).sum()), rel=1e-5)
 

@@ -93,6 +93,14 @@ def test_a_version_whose_served_replies_drifted_is_rolled_back_once_measured() -
     )
     assert rollback.reasons(3) == {2: f"{rollback.reason}; rolled back to v1 as v3"}
 
+    # Short replies: 20 measured replies of 450 tokens are enough to judge a version's NLL.
+    short = ServedWatch(WatchSettings(min_turns=20), [0, 1], lambda v: True, drift=True)
+    few = found[1].model_copy(update={"ref_nll": 4.2, "ref_tokens": 450, "ref_replies": 19})
+    assert short.check({0: found[0], 1: few}) is None and short.pending == [1]  # waits
+    enough = few.model_copy(update={"ref_replies": 20})
+    rollback = short.check({0: found[0], 1: enough})
+    assert rollback is not None and (rollback.target, rollback.culprit) == (0, 1)
+
     # Where drift is not measured (or the model has no language), only the reward counts.
     unmeasured = ServedWatch(WatchSettings(min_turns=20), [0, 1, 2], lambda v: True)
     assert unmeasured.check(found) is None and unmeasured.pending == []

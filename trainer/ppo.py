@@ -156,6 +156,7 @@ def drift_sums(mb: MicroBatch, reference: torch.Tensor) -> dict[int, DriftSums]:
                 n,
                 -float(reference[offset : offset + n].sum()),
                 float(k3[offset : offset + n].sum()),
+                replies=1,
             )
             out.setdefault(version, DriftSums()).add(sums)
             offset += n

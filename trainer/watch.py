@@ -195,7 +195,13 @@ class ServedWatch:
         self.rollbacks += 1
 
     def _measured(self, quality: VersionQuality) -> bool:
-        return quality.ref_nll is not None and quality.ref_tokens >= self.cfg.min_ref_tokens
+        """Its served replies' reference NLL is read over enough of them: `min_ref_tokens`
+        tokens, or `min_turns` replies (short replies may never add up to the tokens)."""
+        enough = (
+            quality.ref_tokens >= self.cfg.min_ref_tokens
+            or quality.ref_replies >= self.cfg.min_turns
+        )
+        return quality.ref_nll is not None and enough
 
     def _enough_turns(self, quality: VersionQuality) -> bool:
         return quality.mean_reward is not None and quality.judged >= self.cfg.min_turns
@@ -210,7 +216,7 @@ class ServedWatch:
 
     def _drifted(self, quality: VersionQuality) -> Rollback | None:
         """A rollback if the version's served replies became unnatural to the reference
-        (measured over `min_ref_tokens` at least: a few tokens say little)."""
+        (measured over `min_ref_tokens` or `min_turns` replies: a few tokens say little)."""
         bound, base, nll = self.max_nll_ratio, self.version0_nll, quality.ref_nll
         if bound is None or base is None or nll is None or not self._measured(quality):
             return None

@@ -57,7 +57,9 @@ class WatchSettings(Section):
         600,
         ge=1,
         description="Served tokens the reference NLL of a version must be over (in a demo, "
-        "one version read 4.16 over its first 249 tokens and 3.34 over all 1000 or so).",
+        "one version read 4.16 over its first 249 tokens and 3.34 over all 1000 or so), "
+        "unless it is over min_turns served replies: late in a demo a version's ~22 short "
+        "replies held 450-570 tokens, and the bound never got to look at them.",
     )
     check_interval_s: float = Field(
         5.0, gt=0, description="How often the trainer reads the served counters."
