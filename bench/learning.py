@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(ROOT)
 
-from liveloop.config import load_settings  # noqa: E402
+from liveloop.config import load_settings, presets  # noqa: E402
 from liveloop.demo.run import objective_figures, run_objective  # noqa: E402
 from liveloop.valkey import free_port_block  # noqa: E402
 
@@ -64,7 +64,9 @@ def run_one(
 ) -> dict[str, Any]:
     """One end-to-end run; its figures."""
     threshold = args.threshold if args.threshold is not None else THRESHOLDS.get(model, 0.25)
+    files = [presets.demo_preset(model, args.preset)]  # the demo's tuning, as `liveloop demo`
     settings = load_settings(
+        files,
         model=model,
         port=free_port_block(),
         demo={
@@ -86,6 +88,7 @@ def run_one(
             settings,
             objective,
             Path(scratch) / "run",
+            config_files=files,
             quiet=True,
             extra_env=env,
             max_judged_turns=args.turns,
@@ -196,6 +199,9 @@ def main() -> None:
         "objective gets one update per PACE judged turns (0: free-running users)",
     )
     parser.add_argument("--gate", choices=("on", "off"), default="on", help="promotion gate")
+    parser.add_argument(
+        "--preset", help="demo preset (name or .toml) of every run (default: each model's own)"
+    )
     parser.add_argument(
         "--micro-batch-tokens",
         type=int,

@@ -14,7 +14,7 @@ from liveloop.collector.loop import Collector
 from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.versions import TrainerVersion
 from liveloop.config import CollectorConfig, SharedSettings
-from liveloop.probes import LoopProbes
+from liveloop.health import LoopHealth
 from liveloop.registry import Registry
 from liveloop.streamstats import StreamStateCollector
 
@@ -64,13 +64,13 @@ async def serve(shared: SharedSettings, cfg: CollectorConfig, metrics: Collector
 def run(shared: SharedSettings, cfg: CollectorConfig) -> None:
     """Collect until stopped."""
     metrics = CollectorMetrics(CollectorRegistry())
-    probes = LoopProbes(metrics.registry, shared.redis_url)
+    health = LoopHealth(metrics.registry, shared.redis_url)
     if shared.metrics_port is not None:
         if shared.redis_url:  # the bus's own state (lag, pending, dead letters) rides along
             metrics.registry.register(StreamStateCollector(shared.redis_url))
-        probes.start(shared.metrics_port, shared.host)
+        health.start(shared.metrics_port, shared.host)
     try:
-        probes.mark_ready()
+        health.mark_ready()
         asyncio.run(serve(shared, cfg, metrics))
     finally:
-        probes.stop()
+        health.stop()

@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 
 from liveloop import bus
 from liveloop.config import ConfigError, JudgeConfig, SharedSettings
+from liveloop.health import LoopHealth
 from liveloop.prm.judges.registry import load_judges
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
 from liveloop.prm.replay import Replayer, ReplayStats
 from liveloop.prm.service import JudgeService
-from liveloop.probes import LoopProbes
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,9 @@ def run(
     judges = load_judges(weights, judging, shared)
     registry = CollectorRegistry()
     metrics = PrmMetrics(registry)
-    probes = LoopProbes(registry, redis_url)
+    health = LoopHealth(registry, redis_url)
     if shared.metrics_port is not None:
-        probes.start(shared.metrics_port, shared.host)
+        health.start(shared.metrics_port, shared.host)
     panel = JudgePanel(
         judges, metrics, timeout_s=judging.judge_timeout_s, hint_chars=judging.hint_chars
     )
@@ -72,10 +72,10 @@ def run(
             summary["errors"] = summary["errors"][:5]
             print(json.dumps({"replay": summary, "to_stream": bus.stream_key(replay.to_stream)}))
         else:
-            probes.mark_ready()
+            health.mark_ready()
             asyncio.run(_serve(redis_url, judging, panel, metrics))
     finally:
-        probes.stop()
+        health.stop()
 
 
 async def _close_judges(panel: JudgePanel) -> None:

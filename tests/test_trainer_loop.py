@@ -12,13 +12,15 @@ from transformers import AutoModelForCausalLM
 from liveloop import bus
 from liveloop.collector.writer import BatchWriter
 from liveloop.config import LiveLoopSettings
+from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.models import load_model
 from liveloop.registry import Registry
 from liveloop.trainer.metrics import TrainerMetrics
+from liveloop.trainer.objectives import ObjectiveContext, build_objective
 from liveloop.trainer.source import trainable_samples
 from tests.test_collector_support import settings_for, trainer_of
-from tests.test_trainer import make_samples
+from tests.test_trainer import make_samples, policy
 
 
 def settings(redis_url: str, data_dir: Path, **trainer: object) -> LiveLoopSettings:
@@ -133,7 +135,12 @@ def test_trainer_applies_the_staleness_bound_again() -> None:
         sample.versions = [oldest] + [3] * (len(sample.versions) - 1)
     metrics = TrainerMetrics()
     # batches queued while the trainer moved on to version 3; one version of staleness allowed
-    kept = trainable_samples(samples, 3, "rl", 1, metrics)
+    pol = policy()
+    rl, opd = (
+        build_objective(ObjectiveContext(pol, TrainerConfig(objective=name), "tiny-random"))  # type: ignore[arg-type]
+        for name in ("rl", "opd")
+    )
+    kept = trainable_samples(samples, 3, rl, 1, metrics)
     assert [x.key for x in kept] == [samples[0].key, samples[1].key]
     assert metrics.dropped.labels("stale")._value.get() == 1
-    assert trainable_samples(samples, 3, "opd", 1, TrainerMetrics()) == []  # no hints
+    assert trainable_samples(samples, 3, opd, 1, TrainerMetrics()) == []  # no hints

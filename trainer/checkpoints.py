@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from liveloop.contracts import VersionStatus
 from liveloop.weights import SharedDiskTransport
 
 if TYPE_CHECKING:
@@ -42,8 +43,18 @@ class TrainerState:
     parent: int | None
     applied_batches: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-    status: str = "accepted"  # "rejected": refused by the promotion gate, never served
+    status: VersionStatus = VersionStatus.ACCEPTED
     reason: str | None = None
+    resume_from: int | None = None  # whose weights training went on from after this version
+
+    def next_start(self) -> int | None:
+        """The version training goes on from after this one (None: not recorded)."""
+        if self.resume_from is not None:
+            return self.resume_from
+        return self.version if self.status.servable else None
+
+    def __post_init__(self) -> None:
+        self.status = VersionStatus(self.status)  # read back from JSON as a plain string
 
 
 class CheckpointStore:
@@ -67,8 +78,20 @@ class CheckpointStore:
         """The newest complete checkpoint's version (optionally the newest accepted), or None."""
         found = self.versions()
         if accepted_only:
-            found = [v for v in found if self.load_state(v).status == "accepted"]
+            found = [v for v in found if self.load_state(v).status.servable]
         return found[-1] if found else None
+
+    def resume_point(self) -> int | None:
+        """The version a restarted trainer goes on from: what the newest checkpoint says
+        training went on from after it (a refused version's predecessor, say), if that is
+        still on disk; else the newest accepted one. None: the base model."""
+        newest = self.latest()
+        if newest is None:
+            return None
+        start = self.load_state(newest).next_start()
+        if start is not None and (start == 0 or start in self.versions()):
+            return start or None
+        return self.latest(accepted_only=True)
 
     def save(
         self,
