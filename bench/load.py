@@ -108,8 +108,14 @@ async def sample_memory(
     return samples
 
 
+NOISE_MB = {"valkey_used_memory": 1.0}  # Valkey's own count is exact; RSS moves by pages
+RSS_NOISE_MB = 16.0
+
+
 def memory_report(samples: list[dict[str, float]]) -> dict[str, Any]:
-    """Per process: MiB at start/middle/end, growth per half, and whether it levelled off."""
+    """Per process (and Valkey's `used_memory`): MiB at start/middle/end, growth per half,
+    and whether it levelled off (the second half grows at most half as much as the first,
+    or less than the noise)."""
     names = sorted({k for s in samples for k in s if k != "t"})
     out: dict[str, Any] = {}
     for name in names:
@@ -119,13 +125,27 @@ def memory_report(samples: list[dict[str, float]]) -> dict[str, Any]:
         start, mid, end = series[0], series[len(series) // 2], series[-1]
         first, second = mid - start, end - mid
         out[name] = {
-            "start": round(start),
-            "mid": round(mid),
-            "end": round(end),
+            "start": round(start, 1),
+            "mid": round(mid, 1),
+            "end": round(end, 1),
             "growth_first_half": round(first, 1),
             "growth_second_half": round(second, 1),
-            "levels_off": second <= max(0.5 * first, 16.0),
+            "levels_off": second <= max(0.5 * first, NOISE_MB.get(name, RSS_NOISE_MB)),
         }
+    return out
+
+
+def timeline(
+    samples: list[dict[str, float]], name: str, every_s: float = 30.0
+) -> list[list[float]]:
+    """[seconds since the start, MiB] of one series, about every `every_s`."""
+    if not samples:
+        return []
+    t0, last, out = samples[0]["t"], float("-inf"), []
+    for s in samples:
+        if name in s and s["t"] - last >= every_s - 1e-6:
+            out.append([round(s["t"] - t0), round(s[name], 2)])
+            last = s["t"]
     return out
 
 
@@ -168,11 +188,18 @@ def recorded_turns(client: redis.Redis, archive: Path) -> Iterator[dict[str, Any
 
 
 def end_state(client: redis.Redis, archive: Path) -> dict[str, Any]:
-    """Stream lengths, the newest version announced and the archive's size."""
+    """Stream lengths and memory, the newest version announced and the archive's size."""
     newest: Any = client.xrevrange("liveloop:weights", count=1)
     files = list(archive.rglob("*.jsonl.gz")) if archive.is_dir() else []
+    memory: dict[str, float] = {}
+    for name in STREAMS:
+        used: Any = client.memory_usage(f"liveloop:{name}", samples=0)
+        memory[name] = round((used or 0) / 2**20, 2)
+    info: Any = client.info("memory")
     return {
         "stream_lengths": {name: int(client.xlen(f"liveloop:{name}")) for name in STREAMS},
+        "stream_memory_mb": memory,
+        "valkey_used_memory_mb_at_end": round(int(info["used_memory"]) / 2**20, 2),
         "newest_version_announced": json.loads(newest[0][1]["data"])["version"] if newest else 0,
         "archive_files": len(files),
         "archive_mb": round(sum(f.stat().st_size for f in files) / 2**20, 2),
@@ -228,6 +255,7 @@ def run_phase(args: argparse.Namespace, phase: str) -> dict[str, Any]:
         "server_version_at_end": version,
         **state,
         "memory_mb": memory_report(samples),
+        "valkey_used_memory_timeline": timeline(samples, "valkey_used_memory"),
     }
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,8 +178,6 @@ class Retention:
         settings: RetentionSettings,
         data_dir: Path,
         metrics: RetentionMetrics | None = None,
-        *,
-        clock_ms: Callable[[], Any] | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -188,7 +185,6 @@ class Retention:
         self.metrics = metrics or RetentionMetrics()
         self.streams = retained_streams(settings)
         self.token = uuid.uuid4().hex
-        self._clock_ms = clock_ms
         self._bound_and_trim = client.register_script(_BOUND_AND_TRIM)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
@@ -312,8 +308,7 @@ class Retention:
         return int(self.settings.lock_ttl_s * 1000)
 
     async def _now_ms(self) -> float:
-        if self._clock_ms is not None:
-            return float(self._clock_ms())
+        """Now on Redis' clock, which also stamped the entry ids."""
         seconds, micros = await self.client.time()
         return seconds * 1000 + micros / 1000
 
