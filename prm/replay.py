@@ -1,12 +1,12 @@
 """Replay: re-score historical turns with other judges into a separate stream.
 
-Reads `liveloop:turns` with XRANGE from a given id (after the turns retention archived and
-trimmed, read from the archive first, when one is given: each id once, archive then Redis),
-pairs each main turn with the next main
-turn of its session found in the stream itself (and with explicit feedback from
-`liveloop:feedback`), judges each turn with the given judges and writes ScoredTurns to the
-target stream, exactly once per turn key, so re-running a replay adds nothing twice. Turns
-without a successor are judged with no next state. The live consumer groups are untouched.
+Reads `liveloop:turns` with XRANGE from a given id (given the retention archive, the turns
+archived and trimmed from the stream first, then the stream's, each id once), pairs each
+main turn with the next main turn of its session found in that history (and with explicit
+feedback from `liveloop:feedback` and its archive), judges each turn with the given judges
+and writes ScoredTurns to the target stream, exactly once per turn key, so re-running a
+replay adds nothing twice. Turns without a successor are judged with no next state. The
+live consumer groups are untouched.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aredis
 
 from liveloop.bus import keys
-from liveloop.bus.archive import Archive
+from liveloop.bus.archive import Archive, parse_id
 from liveloop.bus.consumer import group_info
 from liveloop.bus.retention import Retention, RetentionMetrics
 from liveloop.config.retention import KeepNewest, RetentionSettings, StreamWindows
@@ -125,6 +125,28 @@ async def test_weights_and_dead_letters_need_no_group(
     assert report_of(reports, "scored.dlq").trimmed == 3
     assert [i for i, _ in Archive(tmp_path).entries("scored:dlq")] == dead
     assert [i for i, _ in Archive(tmp_path).entries(weights)] == ids[:9]  # weights keep one
+
+
+async def test_a_pass_goes_on_chunk_by_chunk(aredis_client: aredis.Redis, tmp_path: Path) -> None:
+    ids = await add_turns(aredis_client, 8)
+    await aredis_client.xgroup_create(TURNS, keys.PRM_GROUP, id="0")
+    await aredis_client.xack(
+        TURNS, keys.PRM_GROUP, *await deliver(aredis_client, keys.PRM_GROUP, 8)
+    )
+
+    reports = await Retention(
+        aredis_client, settings(tmp_path, chunk_entries=3), tmp_path
+    ).run_once()
+
+    turns = report_of(reports, "turns")
+    assert (turns.archived, turns.trimmed, turns.files) == (8, 8, 3)  # 3 + 3 + 2
+    archive = Archive(tmp_path)
+    assert [(f.first, f.last) for f in archive.files(TURNS)] == [
+        (parse_id(ids[0]), parse_id(ids[2])),
+        (parse_id(ids[3]), parse_id(ids[5])),
+        (parse_id(ids[6]), parse_id(ids[7])),
+    ]
+    assert [i for i, _ in archive.entries(TURNS)] == ids
 
 
 class CrashBeforeTrim(Retention):

@@ -215,10 +215,6 @@ class Retention:
         reports: list[StreamReport] = []
         try:
             for stream in self.streams:
-                if not await self._renew(
-                    keys=[keys.RETENTION_LOCK], args=[self.token, self._ttl_ms]
-                ):
-                    raise LockLost("retention lock lost during the pass")
                 reports.append(await self.retain(stream))
         finally:
             await self._release(keys=[keys.RETENTION_LOCK], args=[self.token])
@@ -232,29 +228,40 @@ class Retention:
         return reports
 
     async def retain(self, stream: RetainedStream) -> StreamReport:
-        """Archive and trim what may go of one stream (the lock must be held)."""
+        """Archive and trim what may go of one stream, a chunk at a time (the lock must be
+        held; it is renewed before each chunk)."""
         report = StreamReport(stream.label)
+        while True:
+            if not await self._renew(keys=[keys.RETENTION_LOCK], args=[self.token, self._ttl_ms]):
+                raise LockLost("retention lock lost during the pass")
+            done = await self._chunk(stream, report)
+            if done < self.settings.chunk_entries:
+                return report
+
+    async def _chunk(self, stream: RetainedStream, report: StreamReport) -> int:
+        """Archive and trim up to `chunk_entries` entries; how many were trimmed."""
         room = min(
-            self.settings.max_entries_per_pass,
+            self.settings.chunk_entries,
             int(await self.client.xlen(stream.key)) - stream.keep_newest,
         )
         if room <= 0:
-            report.skipped = "no more entries than keep_newest"
-            return report
+            report.skipped = report.skipped or "no more entries than keep_newest"
+            return 0
         code, cut = await self._script(stream, "bound", await self._age_cut(stream))
         if code < 0:
             report.skipped = _REASONS[code]
-            return report
+            return 0
         end = await self._archive(stream, cut, room, report)
         if end is None:
-            report.skipped = "nothing old enough and acknowledged"
-            return report
+            report.skipped = report.skipped or "nothing old enough and acknowledged"
+            return 0
         code, _ = await self._script(stream, "trim", end)
         if code == -1:
             raise LockLost("retention lock lost before a trim")
-        report.trimmed = max(code, 0)
-        self.metrics.trimmed.labels(stream.label).inc(report.trimmed)
-        return report
+        trimmed = max(code, 0)
+        report.trimmed += trimmed
+        self.metrics.trimmed.labels(stream.label).inc(trimmed)
+        return trimmed
 
     async def _age_cut(self, stream: RetainedStream) -> str:
         """Entries below this id are older than the stream's window."""
@@ -288,14 +295,15 @@ class Retention:
                 start = "(" + last
             if writer is not None:
                 written = await asyncio.to_thread(writer.close)
-                report.archived, report.bytes = written.entries, written.bytes
-                report.files = len(written.files)
+                report.archived += written.entries
+                report.bytes += written.bytes
+                report.files += len(written.files)
+                self.metrics.archived.labels(stream.label).inc(written.entries)
+                self.metrics.archive_bytes.labels(stream.label).inc(written.bytes)
         except BaseException:
             if writer is not None:
                 writer.abort()
             raise
-        self.metrics.archived.labels(stream.label).inc(report.archived)
-        self.metrics.archive_bytes.labels(stream.label).inc(report.bytes)
         return None if last is None else next_id(last)
 
     async def _acquire(self) -> bool:

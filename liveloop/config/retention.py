@@ -91,17 +91,17 @@ class RetentionSettings(Section):
         description="Directory of the archive (gzip JSON lines, one directory per stream, one "
         "per UTC day); unset: `<data-dir>/archive`. Several collectors must share it.",
     )
-    max_entries_per_pass: int = Field(
-        20_000,
+    chunk_entries: int = Field(
+        10_000,
         ge=1,
-        description="Most entries archived and trimmed per stream in one pass (the rest wait "
-        "for the next pass), which bounds the time and memory of a pass.",
+        description="Entries archived (into one set of files) and trimmed at a time; a pass "
+        "goes on chunk by chunk until nothing more may go.",
     )
     lock_ttl_s: float = Field(
         300.0,
         gt=0,
         description="Lifetime of the lock that keeps two collectors from trimming at once "
-        "(renewed for each stream); a collector that died holding it frees it after this.",
+        "(renewed before each chunk); a collector that died holding it frees it after this.",
     )
 
     def archive_path(self, data_dir: Path) -> Path:
