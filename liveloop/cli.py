@@ -91,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     judge.add_argument("--judge", action="append", help="judge name for --replay (repeatable)")
     judge.add_argument("--from", dest="from_id", default="-", help="first stream id to replay")
     judge.add_argument("--to-stream", help="stream to write replayed scores to")
+    judge.add_argument(
+        "--archive",
+        nargs="?",
+        const="",
+        type=str,
+        metavar="PATH",
+        help="--replay reads the turns archived by retention first (default PATH: "
+        "retention.archive_dir, or <data-dir>/archive)",
+    )
     return parser
 
 
@@ -178,17 +187,25 @@ def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.prm.main import ReplayOptions, run
 
     replay = None
+    if args.archive is not None and not args.replay:
+        raise CliError("--archive reads archived turns for --replay only")
     if args.replay:
         if not args.judge or not args.to_stream:
             raise CliError("--replay needs --judge NAME and --to-stream NAME")
-        replay = ReplayOptions(judges=args.judge, from_id=args.from_id, to_stream=args.to_stream)
+        archive = None
+        if args.archive is not None:
+            archive = Path(args.archive) if args.archive else None
+            archive = archive or settings.retention.archive_path(settings.data_dir)
+        replay = ReplayOptions(
+            judges=args.judge, from_id=args.from_id, to_stream=args.to_stream, archive=archive
+        )
     run(settings.shared(), settings.prm, replay=replay)
 
 
 def _run_collect(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.collector.main import run
 
-    run(settings.shared(), settings.collector)
+    run(settings.shared(), settings.collector, settings.retention)
 
 
 def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:

@@ -26,6 +26,7 @@ from liveloop.config.base import ConfigError
 from liveloop.config.collector import CollectorConfig
 from liveloop.config.demo import DemoConfig
 from liveloop.config.prm import JudgeConfig, LLMJudgeConfig
+from liveloop.config.retention import RetentionSettings
 from liveloop.config.server import ServerConfig
 from liveloop.config.sglang import SGLangConfig
 from liveloop.config.shared import AuthSettings, SharedSettings
@@ -40,6 +41,7 @@ __all__ = [
     "LLMJudgeConfig",
     "LiveLoopSettings",
     "LoraSettings",
+    "RetentionSettings",
     "SGLangConfig",
     "ServerConfig",
     "SharedSettings",
@@ -69,6 +71,7 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     demo: DemoConfig = Field(default_factory=DemoConfig)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @classmethod
     def settings_customise_sources(
