@@ -91,6 +91,11 @@ class TurnRecord(Contract):
     completion_token_ids: list[int]
     logprobs: list[float] = Field(description="Behaviour log-prob of each completion token.")
     versions: list[int] = Field(description="Policy version that produced each completion token.")
+    adapter: str | None = Field(
+        None,
+        description="The LoRA adapter that served the turn (its versions are `versions`); "
+        "None: the base weights.",
+    )
     finish_reason: str
     model: str
     prompt_mode: Literal["fresh", "extended"] = Field(
@@ -202,6 +207,9 @@ class TrainingBatch(Contract):
     num_tokens: int
     samples: list[BatchSample] | None = None
     path: str | None = None
+    tenant: str | None = Field(
+        None, description="In tenant scope, the one tenant whose turns the batch holds."
+    )
 
 
 class WeightsAnnouncement(Contract):
@@ -217,6 +225,17 @@ class WeightsAnnouncement(Contract):
         description="'rejected': the promotion gate refused this version; it is never served.",
     )
     reason: str | None = Field(None, description="Why a rejected version was refused.")
+    kind: Literal["full", "adapter"] = Field(
+        "full",
+        description="'full': `path` holds whole model weights; 'adapter': a LoRA adapter in "
+        "the PEFT layout, served over the unchanged base model.",
+    )
+    adapter: str | None = Field(
+        None, description="The adapter's name (kind 'adapter'); its versions are this field's."
+    )
+    tenant: str | None = Field(
+        None, description="The tenant whose adapter this is (tenant scope); None: shared."
+    )
 
     @property
     def servable(self) -> bool:
