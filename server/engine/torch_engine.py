@@ -2,11 +2,17 @@
 
 Why it exists: `liveloop up` must serve (and hot-swap) a model with no external inference
 server. A dedicated decode thread owns the model and a batched KV cache; each iteration it
-applies pending weight swaps, drops finished or cancelled requests, prefills the oldest
-waiting request (in chunks of `prefill_chunk_tokens`, after seeding it from the prefix
-cache) and, once prefilled, lets it join the batch (up to `max_batch_size` running), then
-runs one decode step for the whole batch. Tokens go back to each request's asyncio queue
-on its own event loop, so the event loop never waits on torch.
+applies pending weight swaps and adapter changes, drops finished or cancelled requests,
+prefills the oldest waiting request that can start (in chunks of `prefill_chunk_tokens`,
+after seeding it from the prefix cache) and, once prefilled, lets it join the batch (up to
+`max_batch_size` running), then runs one decode step for the whole batch. Tokens go back
+to each request's asyncio queue on its own event loop, so the event loop never waits on
+torch.
+
+A request may name a LoRA adapter (`generate(..., adapter=NAME)`): each row of a decode
+step applies its own adapter (`lora.py`; which adapters are in memory: `adapters.py`), so
+requests on different adapters share every step. A request whose adapter was evicted from
+memory waits in the queue while it is read back; the others go ahead of it.
 
 The decode thread sets torch's process-wide intra-op thread count (`torch.set_num_threads`):
 `threads` (default: torch's) for large steps, one for small ones; on a small machine
@@ -24,20 +30,21 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from liveloop.server.engine.adapters import AdapterEvents, AdapterTable
 from liveloop.server.engine.base import EngineClient
 from liveloop.server.engine.forward import LlamaRunner, Prefill
 from liveloop.server.engine.prefix_cache import PrefixCache
 from liveloop.server.engine.sampling import Sampled, sample_batch
 from liveloop.server.engine.state import (
+    BetweenSteps,
     OutputSink,
     Request,
-    Swap,
     default_max_len,
     deliver,
     eos_ids,
@@ -50,10 +57,13 @@ from liveloop.server.engine.types import (
     EngineStats,
     SamplingParams,
     TokenOutput,
+    UnknownAdapterError,
 )
 from liveloop.server.engine.weights import WeightSpec
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from liveloop.server.tools.spec import OutputSpec
 
 
@@ -64,7 +74,9 @@ class TorchEngine(EngineClient):
     stalls the running requests); `prefix_cache_tokens` bounds the prefix cache (0 = off).
     On CPU, a step of fewer than `parallel_min_rows` rows (batch rows when decoding, prompt
     tokens when prefilling) runs on one torch thread: for a few rows, waking the other
-    threads for every op costs more than it saves.
+    threads for every op costs more than it saves. `max_loaded_adapters` caps the LoRA
+    adapters held in memory; `adapter_events` receives adapter events (see
+    `adapters.AdapterEvents`; by default they go to the metrics of `bind_metrics`).
     """
 
     def __init__(
@@ -81,6 +93,8 @@ class TorchEngine(EngineClient):
         parallel_min_rows: int = 16,
         threads: int | None = None,
         output_sink: OutputSink | None = None,
+        max_loaded_adapters: int = 8,
+        adapter_events: AdapterEvents | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -107,7 +121,10 @@ class TorchEngine(EngineClient):
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
-        self._swaps: list[Swap] = []
+        self._swaps: list[BetweenSteps] = []
+        self._news = 0  # counts arrivals and adapter reads, to wake an idle decode thread
+        self._stalled_at = -1  # _news when no waiting request could start
+        self._adapters = AdapterTable(self._runner, max_loaded_adapters, self._wake, adapter_events)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._log = logging.getLogger(__name__)
@@ -166,6 +183,13 @@ class TorchEngine(EngineClient):
         """True between start() and stop()."""
         return self._thread is not None and not self._stopping
 
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Adapter metrics (reload waits, evictions), unless events go elsewhere."""
+        from liveloop.server.engine.adapter_metrics import AdapterMetrics
+
+        if self._adapters.events is None:
+            self._adapters.events = AdapterMetrics(registry).observe
+
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Start the decode thread (idempotent)."""
@@ -190,6 +214,9 @@ class TorchEngine(EngineClient):
             self._thread = None
         self._cache.clear()
         self._staging = None
+        for req in pending:
+            self._release(req)
+        self._adapters.stop()
         deliver([(r, EngineError("engine stopped")) for r in pending], self._sink)
         await asyncio.to_thread(self._apply_swaps)  # validated swaps that raced with stop()
 
@@ -201,23 +228,31 @@ class TorchEngine(EngineClient):
         request_id: str | None = None,
         *,
         affinity: str | None = None,
+        adapter: str | None = None,
     ) -> RequestStream:
         """Queue a completion at once and stream its tokens (call from the consumer's loop).
 
-        Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
-        stream early (`aclose()`, or dropping it) removes the request from the batch at once.
-        `affinity` means nothing to a single engine.
+        Raises ContextLengthError / InvalidRequestError (UnknownAdapterError for an adapter
+        not loaded) / EngineError at once. Closing the stream early (`aclose()`, or
+        dropping it) removes the request from the batch at once. `affinity` means nothing
+        to a single engine.
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
-        req = self._queue_request(prompt_token_ids, params, request_id, loop, queue)
+        req = self._queue_request(prompt_token_ids, params, request_id, loop, queue, adapter)
         return RequestStream(queue, lambda: self._cancel(req))
 
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> None:
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: str | None = None,
+    ) -> None:
         """Queue a completion whose tokens go to the `output_sink` (engine worker process)."""
         if self._sink is None:
             raise EngineError("submit() needs an engine built with an output_sink")
-        self._queue_request(prompt_token_ids, params, request_id, None, None)
+        self._queue_request(prompt_token_ids, params, request_id, None, None, adapter)
 
     def check_grammar(self, grammar: OutputSpec) -> None:
         """Compile the grammar (compilations are cached); ToolRequestError if impossible."""
@@ -241,9 +276,12 @@ class TorchEngine(EngineClient):
         request_id: str | None,
         loop: asyncio.AbstractEventLoop | None,
         queue: asyncio.Queue[TokenOutput | Exception] | None,
+        adapter: str | None = None,
     ) -> Request:
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self._max_model_len)
+        if adapter is not None and adapter not in self._adapters.versions:
+            raise UnknownAdapterError(f"adapter {adapter!r} is not loaded")
         if params.grammar is not None and params.constraint is None:
             from liveloop.server.tools import compile_output
 
@@ -263,13 +301,22 @@ class TorchEngine(EngineClient):
             stop_ids=frozenset(params.stop_token_ids)
             | (frozenset() if params.ignore_eos else self._eos),
             max_new=min(params.max_tokens, self._max_model_len - len(prompt)),
+            adapter=adapter,
+            arrived=time.monotonic(),
         )
         with self._cond:
             if not self.is_running:
                 raise EngineError("engine is not running")
             self._waiting.append(req)
+            self._news += 1
             self._cond.notify()
         return req
+
+    def _wake(self) -> None:
+        """Something the decode thread waits for happened (an adapter was read back)."""
+        with self._cond:
+            self._news += 1
+            self._cond.notify()
 
     def _cancel(self, req: Request) -> None:
         if req.done or req.cancelled:
@@ -313,23 +360,61 @@ class TorchEngine(EngineClient):
         return await self._swap_validated(state_dict, version)
 
     async def _swap_validated(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        return await self._between_steps(
+            lambda: self._apply_swap(state_dict, version), f"weights v{version}"
+        )
+
+    async def load_adapter(self, name: str, version: int, path: str) -> float:
+        """Read and check a PEFT adapter, then serve it as `name` v`version` between two
+        decode steps (requests on it move to this version there); the decode pause (s).
+
+        Raises AdapterError (a CheckpointError) when refused: the adapter's previous
+        version, the base and every other adapter keep serving.
+        """
+        pairs = await asyncio.to_thread(self._adapters.read, str(path))
+
+        def install() -> float:
+            started = time.perf_counter()
+            self._adapters.install(name, int(version), str(path), pairs)
+            return time.perf_counter() - started
+
+        return await self._between_steps(install, f"adapter {name} v{version}")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving an adapter (requests decoding on it finish on it); new requests
+        naming it get UnknownAdapterError."""
+        if name not in self._adapters.versions:
+            raise UnknownAdapterError(f"adapter {name!r} is not loaded")
+
+        def unload() -> float:
+            self._adapters.unload(name)
+            return 0.0
+
+        await self._between_steps(unload, f"unloading adapter {name}")
+
+    def adapters(self) -> dict[str, int]:
+        """The adapters served: name -> version."""
+        return dict(self._adapters.versions)
+
+    async def _between_steps(self, apply: Callable[[], float], what: str) -> float:
+        """Run `apply` on the decode thread between two steps (at once when stopped)."""
         loop = asyncio.get_running_loop()
-        swap = Swap(state_dict, version, loop, loop.create_future())
+        pending = BetweenSteps(apply, what, loop, loop.create_future())
         with self._cond:
             queued = self._thread is not None
             if queued:
-                self._swaps.append(swap)
+                self._swaps.append(pending)
                 self._cond.notify()
         if not queued:  # no decode thread to pause: apply at once, off the event loop
-            return await asyncio.to_thread(self._apply_swap, swap)
-        return await swap.future
+            return await asyncio.to_thread(apply)
+        return await pending.future
 
-    def _apply_swap(self, swap: Swap) -> float:
+    def _apply_swap(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
         started = time.perf_counter()
-        self._weights.apply(swap.state_dict)
+        self._weights.apply(state_dict)
         if self._runner.device.type == "cuda":
             torch.cuda.synchronize(self._runner.device)
-        self._version = swap.version
+        self._version = version
         self._swap_count += 1
         self._prefix.clear()
         pause = time.perf_counter() - started
@@ -342,11 +427,11 @@ class TorchEngine(EngineClient):
             swaps, self._swaps = self._swaps, []
         for swap in swaps:
             try:
-                result: float | Exception = self._apply_swap(swap)
+                result: float | Exception = swap.apply()
             except Exception as exc:
-                self._log.exception("weight swap to version %s failed", swap.version)
+                self._log.exception("applying %s failed", swap.what)
                 result = EngineError(
-                    f"applying weights failed (model may be partly updated): {exc}"
+                    f"applying {swap.what} failed (model may be partly updated): {exc}"
                 )
             with contextlib.suppress(RuntimeError):  # the swapper's event loop is gone
                 swap.loop.call_soon_threadsafe(settle, swap.future, result)
@@ -365,19 +450,24 @@ class TorchEngine(EngineClient):
 
     def _wait_for_work(self) -> bool:
         with self._cond:
-            while not self._stopping and not (self._waiting or self._running or self._swaps):
+            while not self._stopping and not (
+                self._running or self._swaps or (self._waiting and self._stalled_at != self._news)
+            ):
                 self._cond.wait()
             return not self._stopping
 
     def _iteration(self) -> None:
         self._apply_swaps()
+        self._adapter_reloads()
         self._reap()
         self._admit()
         if self._running:
             started = time.perf_counter()
-            self._use_threads(len(self._running))
-            logits = self._runner.decode(self._cache, [r.output[-1] for r in self._running])
-            self._process(list(self._running), logits)
+            rows = list(self._running)
+            self._use_threads(len(rows))
+            lora = self._adapters.step([r.lora for r in rows])
+            logits = self._runner.decode(self._cache, [r.output[-1] for r in rows], lora)
+            self._process(rows, logits)
             self._stats.decode_steps += 1
             self._stats.decode_tokens += len(logits)
             self._stats.decode_seconds += time.perf_counter() - started
@@ -390,8 +480,7 @@ class TorchEngine(EngineClient):
         """
         budget = self._prefill_chunk
         while budget > 0 and len(self._running) < self._max_batch_size:
-            with self._cond:
-                req = self._waiting[0] if self._waiting else None
+            req = self._next_request()
             if req is None:
                 return
             if self._staging is None or self._staging[0] is not req:
@@ -401,21 +490,86 @@ class TorchEngine(EngineClient):
             budget -= take
             started = time.perf_counter()
             self._use_threads(take)
-            logits = self._runner.prefill_step(state, take)
+            logits = self._runner.prefill_step(state, take, self._adapters.step([req.lora]))
             self._stats.prefill_tokens += take
             self._stats.prefill_seconds += time.perf_counter() - started
             if logits is None:
                 return
             self._staging = None
-            if req.kv_epoch == self._swap_count:  # no swap during the prefill
-                self._prefix.insert(req.prompt, state.keys, state.values)
+            if self._kv_current(req):  # no swap during the prefill
+                self._prefix.insert(req.prompt, state.keys, state.values, req.kv_key)
             with self._cond:
                 if req.cancelled:  # _cancel already took it out of the queue
+                    self._release(req)
                     continue
-                self._waiting.popleft()
+                self._waiting.remove(req)
                 self._running.append(req)
             self._runner.join(self._cache, state)
             self._process([req], logits[None])
+
+    def _next_request(self) -> Request | None:
+        """The prompt to prefill now: the one being prefilled, else the oldest waiting
+        request whose adapter is in memory.
+
+        Requests whose adapter is not have it read back (they keep their place); requests
+        on an adapter unloaded meanwhile fail. With nothing startable and nothing running,
+        the decode thread sleeps until a request or an adapter arrives.
+        """
+        if self._staging is not None:
+            if not self._staging[0].cancelled:
+                return self._staging[0]
+            self._release(self._staging[0])
+            self._staging = None
+        with self._cond:
+            waiting = list(self._waiting)
+            news = self._news
+        gone: list[Request] = []
+        chosen = None
+        for req in waiting:
+            adapter = self._adapters.get(req.adapter) if req.adapter is not None else None
+            if req.adapter is None or (adapter is not None and adapter.ready):
+                chosen = req
+                break
+            if adapter is None:
+                gone.append(req)
+                continue
+            req.adapter_wait_since = req.adapter_wait_since or time.monotonic()
+            self._adapters.ensure_loading(adapter)
+        self._fail_waiting([(r, UnknownAdapterError(f"adapter {r.adapter!r} was unloaded")) for r in gone])
+        if chosen is None and not self._running:
+            with self._cond:  # unless a request or an adapter came meanwhile
+                self._stalled_at = news
+        return chosen
+
+    def _fail_waiting(self, failed: list[tuple[Request, EngineError]]) -> None:
+        with self._cond:
+            for req, _ in failed:
+                if req in self._waiting:
+                    self._waiting.remove(req)
+                req.done = True
+        deliver(list(failed), self._sink)
+
+    def _adapter_reloads(self) -> None:
+        """Put adapters read back into their slots; fail the requests of failed reads."""
+        for adapter, exc in self._adapters.finished_reloads():
+            with self._cond:
+                reqs = [r for r in self._waiting if r.adapter == adapter.name]
+            why = f"adapter {adapter.name!r} could not be read back from {adapter.path}: {exc}"
+            self._fail_waiting([(r, EngineError(why)) for r in reqs])
+
+    def _release(self, req: Request) -> None:
+        """A request is over: unpin its adapter (once)."""
+        if req.lora is not None:
+            self._adapters.release(req.lora)
+            req.lora = None
+
+    def _kv_key(self, req: Request) -> Hashable:
+        """The prefix-cache namespace of the weights the request runs on now."""
+        return None if req.lora is None else ("adapter", req.lora.generation)
+
+    def _kv_current(self, req: Request) -> bool:
+        """Whether the request's keys/values all come from the weights served now."""
+        return req.kv_epoch == self._swap_count and req.kv_key == self._kv_key(req)
 
     def _use_threads(self, rows: int) -> None:
         """All torch threads for a step of many rows, one for a small step."""
@@ -425,9 +579,16 @@ class TorchEngine(EngineClient):
             self._current_threads = want
 
     def _start_prefill(self, req: Request) -> Prefill:
+        if req.adapter is not None:
+            req.lora = self._adapters.get(req.adapter)
+            assert req.lora is not None and req.lora.ready
+            self._adapters.acquire(req.lora)
+            if req.adapter_wait_since:  # it waited for its adapter to be read back
+                self._adapters.emit_wait(time.monotonic() - req.adapter_wait_since)
         state = self._runner.start_prefill(req.prompt)
         req.kv_epoch = self._swap_count
-        self._stats.prefix_hit_tokens += self._prefix.seed(state)
+        req.kv_key = self._kv_key(req)
+        self._stats.prefix_hit_tokens += self._prefix.seed(state, req.kv_key)
         return state
 
     def _remember(self, req: Request, row: int) -> None:
@@ -435,10 +596,10 @@ class TorchEngine(EngineClient):
         tokens = req.prompt + req.output[:-1]
         if (
             self._prefix.max_tokens >= len(tokens) > len(req.prompt)
-            and req.kv_epoch == self._swap_count
+            and self._kv_current(req)
             and self._cache.lengths[row] == len(tokens)
         ):
-            self._prefix.insert(tokens, *self._cache.row_copy(row))
+            self._prefix.insert(tokens, *self._cache.row_copy(row), namespace=req.kv_key)
 
     def _reap(self) -> None:
         """Remove finished and cancelled rows (the last row moves into each hole)."""
@@ -447,6 +608,7 @@ class TorchEngine(EngineClient):
             if req.done or req.cancelled:
                 self._remember(req, i)
                 self._cache.remove_row(i)
+                self._release(req)
                 with self._cond:
                     self._running[i] = self._running[-1]
                     self._running.pop()
@@ -462,11 +624,14 @@ class TorchEngine(EngineClient):
         self._cache.clear()
         for req in failed:
             req.done = True
+            self._release(req)
         deliver([(r, EngineError(str(error))) for r in failed], self._sink)
 
     def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
-        """Sample each row, record the token, decide whether it ends, hand it out."""
-        version = self._version
+        """Sample each row, record the token, decide whether it ends, hand it out.
+
+        A row on an adapter records the adapter's version, others the base's.
+        """
         sampled = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
         out: list[tuple[Request, TokenOutput | Exception]] = []
         for req, result in zip(reqs, sampled, strict=True):
@@ -475,6 +640,7 @@ class TorchEngine(EngineClient):
             try:
                 if isinstance(result, Exception):
                     raise result
+                version = self._version if req.lora is None else req.lora.version
                 out.append((req, self._advance(req, result, version)))
             except Exception as exc:
                 req.done = True
