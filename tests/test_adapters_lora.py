@@ -32,7 +32,9 @@ OTHER = (0, "v_proj")
 
 def pair(rank: int, seed: int, scaling: float = 1.5) -> LoraPair:
     g = torch.Generator().manual_seed(seed)
-    return LoraPair(torch.randn(rank, IN, generator=g), torch.randn(OUT, rank, generator=g), scaling)
+    return LoraPair(
+        torch.randn(rank, IN, generator=g), torch.randn(OUT, rank, generator=g), scaling
+    )
 
 
 def reference(x: torch.Tensor, p: LoraPair | None) -> torch.Tensor:
@@ -130,9 +132,7 @@ def test_scaling_follows_peft_for_rslora_and_patterns(
     tiny: LoadedModel, tmp_path: Path, base_shapes: dict[str, tuple[int, ...]]
 ) -> None:
     plain = make_adapter(tiny.model, tmp_path / "plain", 1, rank=4, alpha=8, merge=False)
-    rs = make_adapter(
-        tiny.model, tmp_path / "rs", 2, rank=4, alpha=8, merge=False, use_rslora=True
-    )
+    rs = make_adapter(tiny.model, tmp_path / "rs", 2, rank=4, alpha=8, merge=False, use_rslora=True)
     patterned = make_adapter(
         tiny.model,
         tmp_path / "pat",
@@ -216,7 +216,10 @@ def test_broken_adapters_are_refused_with_the_reason(
 def test_layout_check_needs_no_tensors(tmp_path: Path, tiny: LoadedModel) -> None:
     made = make_adapter(tiny.model, tmp_path / "a", 1, rank=4, merge=False)
     config = read_adapter_config(made.path)
-    shapes = {n: tuple(t.shape) for n, t in load_file(str(made.path / "adapter_model.safetensors")).items()}
+    shapes = {
+        n: tuple(t.shape)
+        for n, t in load_file(str(made.path / "adapter_model.safetensors")).items()
+    }
     layout = check_adapter_layout(config, shapes)
     assert len(layout) == 2 * 7  # two layers, seven linears each
     assert {m.rank for m in layout.values()} == {4}

@@ -19,7 +19,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -137,9 +137,10 @@ class AdapterTable:
         if adapter.retired and not adapter.users:
             self._free(adapter)
 
-    def ensure_loading(self, adapter: Adapter) -> None:
-        """A waiting request needs an evicted adapter: reload it once a slot can be had."""
-        if adapter.slot or not self._reserve(adapter):
+    def ensure_loading(self, adapter: Adapter, keep: Collection[Adapter] = ()) -> None:
+        """A waiting request needs an evicted adapter: reload it once a slot can be had
+        (without evicting an adapter of `keep`)."""
+        if adapter.slot or not self._reserve(adapter, keep):
             return
         if self._loader is None:
             self._loader = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
@@ -195,12 +196,12 @@ class AdapterTable:
             self._finished.append((adapter, generation, result))
         self._wake()
 
-    def _reserve(self, adapter: Adapter) -> bool:
+    def _reserve(self, adapter: Adapter, keep: Collection[Adapter] = ()) -> bool:
         """Give the adapter a slot: a free one, or the least recently used idle adapter's."""
         taken = set(self._slots)
         free = [s for s in range(1, self.max_loaded + 1) if s not in taken]
         if not free:
-            idle = [a for a in self._slots.values() if not a.users and a.ready]
+            idle = [a for a in self._slots.values() if not a.users and a.ready and a not in keep]
             if not idle:
                 return False
             victim = min(idle, key=lambda a: a.last_used)

@@ -143,7 +143,7 @@ class EngineProcess(EngineClient):
         while not self._stopping:
             await asyncio.sleep(self._backoff)
             self._backoff = min(2 * self._backoff, RESTART_BACKOFF_S[1])
-            self._restoring = self._weights is not None
+            self._restoring = self._weights is not None or bool(self._adapters)
             try:
                 await self.start()
                 if self._weights is not None:

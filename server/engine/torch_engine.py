@@ -511,8 +511,9 @@ class TorchEngine(EngineClient):
         """The prompt to prefill now: the one being prefilled, else the oldest waiting
         request whose adapter is in memory.
 
-        Requests whose adapter is not have it read back (they keep their place); requests
-        on an adapter unloaded meanwhile fail. With nothing startable and nothing running,
+        Requests whose adapter is not have it read back (they keep their place; adapters
+        other waiting requests need are not evicted for that); requests on an adapter
+        unloaded meanwhile fail. With nothing startable and nothing running,
         the decode thread sleeps until a request or an adapter arrives.
         """
         if self._staging is not None:
@@ -525,17 +526,20 @@ class TorchEngine(EngineClient):
             news = self._news
         gone: list[Request] = []
         chosen = None
+        needed = {r.adapter: self._adapters.get(r.adapter) for r in waiting if r.adapter}
+        keep = {a for a in needed.values() if a is not None and a.ready}
         for req in waiting:
-            adapter = self._adapters.get(req.adapter) if req.adapter is not None else None
+            adapter = needed.get(req.adapter) if req.adapter is not None else None
             if req.adapter is None or (adapter is not None and adapter.ready):
-                chosen = req
-                break
-            if adapter is None:
+                chosen = chosen or req
+            elif adapter is None:
                 gone.append(req)
-                continue
-            req.adapter_wait_since = req.adapter_wait_since or time.monotonic()
-            self._adapters.ensure_loading(adapter)
-        self._fail_waiting([(r, UnknownAdapterError(f"adapter {r.adapter!r} was unloaded")) for r in gone])
+            else:
+                req.adapter_wait_since = req.adapter_wait_since or time.monotonic()
+                self._adapters.ensure_loading(adapter, keep)
+        self._fail_waiting(
+            [(r, UnknownAdapterError(f"adapter {r.adapter!r} was unloaded")) for r in gone]
+        )
         if chosen is None and not self._running:
             with self._cond:  # unless a request or an adapter came meanwhile
                 self._stalled_at = news
