@@ -21,8 +21,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -190,11 +190,23 @@ class AdapterRollout:
                     self._retire(replica, lora_name(adapter, version))
 
     async def recover(self, replica: Replica) -> None:
-        """A replica is back after being down (maybe restarted): give it every adapter."""
+        """A replica is back after being down: forget what it lost (a restarted server has
+        no adapters), then give it every adapter it lacks."""
         async with self._lock:
-            replica.loras.served.clear()
-            replica.loras.users.clear()
-            replica.loras.stale.clear()
+            state = replica.loras
+            if state.served or state.stale:
+                try:
+                    loaded = await replica.client.loaded_loras()
+                except (ReplicaUnavailable, RequestRefused) as exc:
+                    log.warning("cannot list the adapters of %s (%s)", replica.url, exc)
+                    loaded = set()
+                for adapter, version in list(state.served.items()):
+                    if lora_name(adapter, version) not in loaded:
+                        del state.served[adapter]
+                state.stale &= loaded
+                for lora in state.stale:
+                    if not state.users.get(lora):
+                        self._spawn(self._unload_if_unused(replica, lora))
             await self._catch_up(replica)
 
     # ----------------------------------------------------------------- internals

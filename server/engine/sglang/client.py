@@ -3,7 +3,8 @@
 Only SGLang's native endpoints are used: `/generate` (token ids in, streamed chunks with
 per-token log-probs out), `/health`, `/model_info`, `/get_server_info`,
 `/pause_generation`, `/continue_generation`, `/update_weights_from_disk`,
-`/load_lora_adapter`, `/unload_lora_adapter` and `/abort_request`. A failure of the server itself (refused connection, timeout, 5xx, a
+`/load_lora_adapter`, `/unload_lora_adapter`, `/v1/models` (the adapters loaded) and
+`/abort_request`. A failure of the server itself (refused connection, timeout, 5xx, a
 stream cut short) is a `ReplicaUnavailable`; a request the server refuses (4xx) is a
 `RequestRefused` carrying SGLang's message.
 """
@@ -179,6 +180,11 @@ class SGLangClient:
         ok = bool(data.get("success")) and response.status_code == 200
         message = data.get("error_message") or ("" if ok else error_message(response))
         return ok, str(message)
+
+    async def loaded_loras(self) -> set[str]:
+        """The LoRA adapter names the server has loaded (from `/v1/models`)."""
+        data = (await self.call("GET", "/v1/models")).get("data") or []
+        return {str(m["id"]) for m in data if isinstance(m, dict) and m.get("parent")}
 
     async def abort(self, rid: str) -> None:
         """`/abort_request` for one request id (best effort)."""
