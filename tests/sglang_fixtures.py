@@ -17,13 +17,15 @@ import pytest
 
 from liveloop.config import SGLangConfig
 from liveloop.server.engine.sglang.launcher import launch_command, server_env
-from tests.support.sglang import CPU_ARGS, SHIM_DIR, SGLangServers, cpu_config
+from tests.support.sglang import SHIM_DIR, SGLangServers, cpu_config
 
 LORA_CPU_DIR = Path(__file__).resolve().parent / "support" / "sglang_lora_cpu"
 # `--max-lora-rank` of the LoRA servers: the first one takes only rank <= 8, so a rank-16
 # adapter loads on the second server and fails on the first.
 LORA_SERVER_RANKS = (8, 16)
 LORA_MAX_RANK = 16
+# A smaller KV cache than the session pair's (CPU_ARGS): ~1 GB less per server.
+LORA_CPU_ARGS = ["--max-total-tokens", "8192", "--max-running-requests", "16"]
 
 
 def lora_config(**overrides: object) -> SGLangConfig:
@@ -65,7 +67,7 @@ def sglang_lora_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SG
     """Two SGLang servers on smollm2-135m with `--enable-lora` (ranks: LORA_SERVER_RANKS)."""
     servers = SGLangServers(2, tmp_path_factory.mktemp("sglang-lora-logs"))
     for server, rank in zip(servers.servers, LORA_SERVER_RANKS, strict=True):
-        cfg = lora_config(launch_args=[*CPU_ARGS, "--max-lora-rank", str(rank)])
+        cfg = lora_config(launch_args=[*LORA_CPU_ARGS, "--max-lora-rank", str(rank)])
         server.command = launch_command(str(cfg.python), servers.model_dir, server.port, cfg)
         server.env = server_env(cfg)
         server.env.pop("OMP_NUM_THREADS", None)

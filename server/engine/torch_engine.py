@@ -22,7 +22,6 @@ shared with other processes, 1 thread is often much faster than 2.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import logging
@@ -30,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,9 +37,9 @@ from torch import nn
 
 from liveloop.server.engine.adapters import AdapterEvents, AdapterTable
 from liveloop.server.engine.base import EngineClient
+from liveloop.server.engine.decode_loop import DecodeLoop
 from liveloop.server.engine.forward import LlamaRunner, Prefill
 from liveloop.server.engine.prefix_cache import PrefixCache
-from liveloop.server.engine.sampling import Sampled, sample_batch
 from liveloop.server.engine.state import (
     BetweenSteps,
     OutputSink,
@@ -48,8 +47,6 @@ from liveloop.server.engine.state import (
     default_max_len,
     deliver,
     eos_ids,
-    finish_reason,
-    settle,
 )
 from liveloop.server.engine.stream import RequestStream, check_request
 from liveloop.server.engine.types import (
@@ -67,7 +64,7 @@ if TYPE_CHECKING:
     from liveloop.server.tools.spec import OutputSpec
 
 
-class TorchEngine(EngineClient):
+class TorchEngine(DecodeLoop, EngineClient):
     """Continuous-batching generation with per-token log-probs and live weight swaps.
 
     `prefill_chunk_tokens` bounds the prompt tokens run per iteration (how long a joiner
@@ -421,245 +418,3 @@ class TorchEngine(EngineClient):
         self._stats.weight_swaps += 1
         self._stats.swap_pause_seconds += pause
         return pause
-
-    def _apply_swaps(self) -> None:
-        with self._cond:
-            swaps, self._swaps = self._swaps, []
-        for swap in swaps:
-            try:
-                result: float | Exception = swap.apply()
-            except Exception as exc:
-                self._log.exception("applying %s failed", swap.what)
-                result = EngineError(
-                    f"applying {swap.what} failed (model may be partly updated): {exc}"
-                )
-            with contextlib.suppress(RuntimeError):  # the swapper's event loop is gone
-                swap.loop.call_soon_threadsafe(settle, swap.future, result)
-
-    # ----------------------------------------------------------------- decode thread
-    def _run(self) -> None:
-        with torch.inference_mode():
-            while self._wait_for_work():
-                cpu = time.thread_time()
-                try:
-                    self._iteration()
-                except Exception as exc:
-                    self._log.exception("torch engine decode iteration failed")
-                    self._fail_running(EngineError(f"generation failed: {exc}"))
-                self._stats.busy_cpu_seconds += time.thread_time() - cpu
-
-    def _wait_for_work(self) -> bool:
-        with self._cond:
-            while not self._stopping and not (
-                self._running or self._swaps or (self._waiting and self._stalled_at != self._news)
-            ):
-                self._cond.wait()
-            return not self._stopping
-
-    def _iteration(self) -> None:
-        self._apply_swaps()
-        self._adapter_reloads()
-        self._reap()
-        self._admit()
-        if self._running:
-            started = time.perf_counter()
-            rows = list(self._running)
-            self._use_threads(len(rows))
-            lora = self._adapters.step([r.lora for r in rows])
-            logits = self._runner.decode(self._cache, [r.output[-1] for r in rows], lora)
-            self._process(rows, logits)
-            self._stats.decode_steps += 1
-            self._stats.decode_tokens += len(logits)
-            self._stats.decode_seconds += time.perf_counter() - started
-
-    def _admit(self) -> None:
-        """Prefill the oldest waiting request, at most `prefill_chunk_tokens` per iteration.
-
-        Chunking bounds how long a long prompt stalls the running requests' next token. A
-        fully prefilled prompt joins the batch and emits its first token.
-        """
-        budget = self._prefill_chunk
-        while budget > 0 and len(self._running) < self._max_batch_size:
-            req = self._next_request()
-            if req is None:
-                return
-            if self._staging is None or self._staging[0] is not req:
-                self._staging = (req, self._start_prefill(req))
-            state = self._staging[1]
-            take = min(budget, state.remaining)
-            budget -= take
-            started = time.perf_counter()
-            self._use_threads(take)
-            logits = self._runner.prefill_step(state, take, self._adapters.step([req.lora]))
-            self._stats.prefill_tokens += take
-            self._stats.prefill_seconds += time.perf_counter() - started
-            if logits is None:
-                return
-            self._staging = None
-            if self._kv_current(req):  # no swap during the prefill
-                self._prefix.insert(req.prompt, state.keys, state.values, req.kv_key)
-            with self._cond:
-                if req.cancelled:  # _cancel already took it out of the queue
-                    self._release(req)
-                    continue
-                self._waiting.remove(req)
-                self._running.append(req)
-            self._runner.join(self._cache, state)
-            self._process([req], logits[None])
-
-    def _next_request(self) -> Request | None:
-        """The prompt to prefill now: the one being prefilled, else the oldest waiting
-        request whose adapter is in memory.
-
-        Requests whose adapter is not have it read back (they keep their place; adapters
-        other waiting requests need are not evicted for that); requests on an adapter
-        unloaded meanwhile fail. With nothing startable and nothing running,
-        the decode thread sleeps until a request or an adapter arrives.
-        """
-        if self._staging is not None:
-            if not self._staging[0].cancelled:
-                return self._staging[0]
-            self._release(self._staging[0])
-            self._staging = None
-        with self._cond:
-            waiting = list(self._waiting)
-            news = self._news
-        gone: list[Request] = []
-        chosen = None
-        needed = {r.adapter: self._adapters.get(r.adapter) for r in waiting if r.adapter}
-        keep = {a for a in needed.values() if a is not None and a.ready}
-        for req in waiting:
-            adapter = needed.get(req.adapter) if req.adapter is not None else None
-            if req.adapter is None or (adapter is not None and adapter.ready):
-                chosen = chosen or req
-            elif adapter is None:
-                gone.append(req)
-            else:
-                req.adapter_wait_since = req.adapter_wait_since or time.monotonic()
-                self._adapters.ensure_loading(adapter, keep)
-        self._fail_waiting(
-            [(r, UnknownAdapterError(f"adapter {r.adapter!r} was unloaded")) for r in gone]
-        )
-        if chosen is None and not self._running:
-            with self._cond:  # unless a request or an adapter came meanwhile
-                self._stalled_at = news
-        return chosen
-
-    def _fail_waiting(self, failed: list[tuple[Request, EngineError]]) -> None:
-        with self._cond:
-            for req, _ in failed:
-                if req in self._waiting:
-                    self._waiting.remove(req)
-                req.done = True
-        deliver(list(failed), self._sink)
-
-    def _adapter_reloads(self) -> None:
-        """Put adapters read back into their slots; fail the requests of failed reads."""
-        for adapter, exc in self._adapters.finished_reloads():
-            with self._cond:
-                reqs = [r for r in self._waiting if r.adapter == adapter.name]
-            why = f"adapter {adapter.name!r} could not be read back from {adapter.path}: {exc}"
-            self._fail_waiting([(r, EngineError(why)) for r in reqs])
-
-    def _release(self, req: Request) -> None:
-        """A request is over: unpin its adapter (once)."""
-        if req.lora is not None:
-            self._adapters.release(req.lora)
-            req.lora = None
-
-    def _kv_key(self, req: Request) -> Hashable:
-        """The prefix-cache namespace of the weights the request runs on now."""
-        return None if req.lora is None else ("adapter", req.lora.generation)
-
-    def _kv_current(self, req: Request) -> bool:
-        """Whether the request's keys/values all come from the weights served now."""
-        return req.kv_epoch == self._swap_count and req.kv_key == self._kv_key(req)
-
-    def _use_threads(self, rows: int) -> None:
-        """All torch threads for a step of many rows, one for a small step."""
-        want = self._threads if rows >= self._parallel_min_rows else 1
-        if want != self._current_threads:
-            torch.set_num_threads(want)
-            self._current_threads = want
-
-    def _start_prefill(self, req: Request) -> Prefill:
-        if req.adapter is not None:
-            req.lora = self._adapters.get(req.adapter)
-            assert req.lora is not None and req.lora.ready
-            self._adapters.acquire(req.lora)
-            if req.adapter_wait_since:  # it waited for its adapter to be read back
-                self._adapters.emit_wait(time.monotonic() - req.adapter_wait_since)
-        state = self._runner.start_prefill(req.prompt)
-        req.kv_epoch = self._swap_count
-        req.kv_key = self._kv_key(req)
-        self._stats.prefix_hit_tokens += self._prefix.seed(state, req.kv_key)
-        return state
-
-    def _remember(self, req: Request, row: int) -> None:
-        """Offer a finished request's prompt + completion keys/values to the prefix cache."""
-        tokens = req.prompt + req.output[:-1]
-        if (
-            self._prefix.max_tokens >= len(tokens) > len(req.prompt)
-            and self._kv_current(req)
-            and self._cache.lengths[row] == len(tokens)
-        ):
-            self._prefix.insert(tokens, *self._cache.row_copy(row), namespace=req.kv_key)
-
-    def _reap(self) -> None:
-        """Remove finished and cancelled rows (the last row moves into each hole)."""
-        for i in reversed(range(len(self._running))):
-            req = self._running[i]
-            if req.done or req.cancelled:
-                self._remember(req, i)
-                self._cache.remove_row(i)
-                self._release(req)
-                with self._cond:
-                    self._running[i] = self._running[-1]
-                    self._running.pop()
-
-    def _fail_running(self, error: EngineError) -> None:
-        """After an internal failure: fail the batch and the prompt being prefilled."""
-        with self._cond:
-            failed, self._running = self._running, []
-            if self._staging is not None and self._staging[0] in self._waiting:
-                self._waiting.remove(self._staging[0])
-                failed.append(self._staging[0])
-            self._staging = None
-        self._cache.clear()
-        for req in failed:
-            req.done = True
-            self._release(req)
-        deliver([(r, EngineError(str(error))) for r in failed], self._sink)
-
-    def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
-        """Sample each row, record the token, decide whether it ends, hand it out.
-
-        A row on an adapter records the adapter's version, others the base's.
-        """
-        sampled = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        out: list[tuple[Request, TokenOutput | Exception]] = []
-        for req, result in zip(reqs, sampled, strict=True):
-            if req.cancelled:
-                continue
-            try:
-                if isinstance(result, Exception):
-                    raise result
-                version = self._version if req.lora is None else req.lora.version
-                out.append((req, self._advance(req, result, version)))
-            except Exception as exc:
-                req.done = True
-                out.append((req, EngineError(f"sampling failed: {exc}")))
-        deliver(out, self._sink)
-        self._reap()
-
-    def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:
-        token = sampled.token_id
-        req.output.append(token)
-        params = req.params
-        if params.constraint is not None:
-            params.constraint.accept_token(token)
-        finish, stop_string = finish_reason(req, token, self._stop_tokenizer)
-        req.done = finish is not None
-        return TokenOutput(
-            token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
-        )
