@@ -31,7 +31,8 @@ from tests.support.adapters import make_adapter
 from tests.support.sglang import MODEL, SGLangServers
 
 pytest_plugins = ["tests.sglang_fixtures"]
-pytestmark = [pytest.mark.sglang, pytest.mark.sglang_launch]
+# The first test also waits for two SGLang servers to start (minutes on a loaded machine).
+pytestmark = [pytest.mark.sglang, pytest.mark.sglang_launch, pytest.mark.timeout(1500)]
 
 TOL = 2e-3
 REF_TOKENS = 40
