@@ -8,9 +8,10 @@ linear, the scaling folded into B, ranks zero-padded to the largest), and a `Lor
 says which slot each row of one forward call uses. Slot 0 is all zeros: the base model.
 
 Two ways to apply a step, picked from the batch: when every adapted row shares one slot,
-two plain matmuls on views of that slot (nothing is copied); otherwise each row's A and B
-are gathered by its slot index and applied with `bmm`. Plain tensors only, no model:
-unit-testable on their own.
+two plain matmuls on views of that slot (nothing is copied); otherwise the A and B of
+each adapter in the step are gathered once and applied with `bmm` to that adapter's rows
+(grouped and padded to equal counts). Plain tensors only, no model: unit-testable on
+their own.
 """
 
 from __future__ import annotations
@@ -123,16 +124,20 @@ class LoraStep:
     def __init__(self, bank: LoraBank, slots: list[int]) -> None:
         self.bank = bank
         self.slots = slots
-        used = {s for s in slots if s}
-        self.active = bool(used)
-        self.single: int | None = used.pop() if len(used) == 1 else None
+        groups: dict[int, list[int]] = {}
+        for row, slot in enumerate(slots):
+            if slot:
+                groups.setdefault(slot, []).append(row)
+        self.active = bool(groups)
+        self.single: int | None = next(iter(groups)) if len(groups) == 1 else None
         self._mask: torch.Tensor | None = None
-        self._index: torch.Tensor | None = None
+        self._plan: _Grouped | None = None
+        device = bank.device
         if self.single is not None and 0 in slots:  # base rows mixed with one adapter
             flags = [1.0 if s else 0.0 for s in slots]
-            self._mask = torch.tensor(flags, dtype=bank.dtype, device=bank.device).view(-1, 1, 1)
-        elif self.active and self.single is None:
-            self._index = torch.tensor(slots, dtype=torch.long, device=bank.device)
+            self._mask = torch.tensor(flags, dtype=bank.dtype, device=device).view(-1, 1, 1)
+        elif len(groups) > 1:
+            self._plan = _Grouped(groups, len(slots), device)
 
     def adapts(self, key: ModuleKey) -> bool:
         """Whether any row of this step has an update for the linear `key`."""
@@ -150,9 +155,44 @@ class LoraStep:
         if self.single is not None:
             out = (x @ a[self.single]) @ b[self.single]
             return out * self._mask if self._mask is not None else out
-        assert self._index is not None
-        low = torch.bmm(x, a.index_select(0, self._index))
-        return torch.bmm(low, b.index_select(0, self._index))
+        assert self._plan is not None
+        return self._plan.apply(x, a, b)
+
+
+class _Grouped:
+    """Rows on several adapters: A and B of each adapter in the step are gathered once
+    and applied with `bmm` to its rows, laid out as `[adapters, rows per adapter]` (groups
+    padded to the largest with copies of a row whose results are dropped)."""
+
+    def __init__(self, groups: dict[int, list[int]], rows: int, device: torch.device) -> None:
+        width = max(len(g) for g in groups.values())
+        order: list[int] = []
+        back = [0] * rows
+        for g, members in enumerate(groups.values()):
+            for j, row in enumerate(members):
+                back[row] = g * width + j
+            order += members + [members[0]] * (width - len(members))
+        adapted = [row for members in groups.values() for row in members]
+        self.groups, self.width = len(groups), width
+        self.slots = torch.tensor(list(groups), dtype=torch.long, device=device)
+        self.order = torch.tensor(order, dtype=torch.long, device=device)
+        self.rows = rows
+        self.adapted: torch.Tensor | None = None  # rows with an adapter, if not all
+        if len(adapted) < rows:
+            self.adapted = torch.tensor(sorted(adapted), dtype=torch.long, device=device)
+            back = [back[row] for row in sorted(adapted)]
+        self.back = torch.tensor(back, dtype=torch.long, device=device)
+
+    def apply(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seq, fan_in = x.shape[1], x.shape[2]
+        xs = x.index_select(0, self.order).reshape(self.groups, self.width * seq, fan_in)
+        low = torch.bmm(xs, a.index_select(0, self.slots))
+        up = torch.bmm(low, b.index_select(0, self.slots))
+        up = up.reshape(self.groups * self.width, seq, -1).index_select(0, self.back)
+        if self.adapted is None:
+            return up
+        out = up.new_zeros(self.rows, seq, up.shape[-1])
+        return out.index_copy_(0, self.adapted, up)
 
 
 def apply_linear(
