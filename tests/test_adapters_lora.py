@@ -50,11 +50,20 @@ def new_bank() -> LoraBank:
 
 @pytest.mark.parametrize(
     "slots",
-    [[1, 2, 0, 3, 2], [3, 1, 2], [2, 1, 1, 1, 2], [2, 2, 2], [0, 3, 0, 3], [1]],
-    ids=["mixed", "all-distinct", "uneven", "one-adapter", "one-adapter-and-base", "single-row"],
+    [[1, 2, 0, 3, 2], [3, 1, 2], [2, 1, 1, 1, 2], [1, 3, 3], [1, 7], [2, 2, 2], [0, 3, 0, 3], [1]],
+    ids=[
+        "mixed",
+        "all-distinct",
+        "uneven",
+        "slot-gap",
+        "far-apart",
+        "one-adapter",
+        "one-adapter-and-base",
+        "single-row",
+    ],
 )
 def test_each_row_gets_its_own_adapters_update(slots: list[int]) -> None:
-    pairs = {1: pair(4, 1), 2: pair(2, 2, scaling=0.5), 3: pair(8, 3)}
+    pairs = {1: pair(4, 1), 2: pair(2, 2, scaling=0.5), 3: pair(8, 3), 7: pair(3, 7)}
     bank = new_bank()
     for slot, p in pairs.items():
         bank.put(slot, {KEY: p})

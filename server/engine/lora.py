@@ -160,34 +160,47 @@ class LoraStep:
 
 
 class _Grouped:
-    """Rows on several adapters: A and B of each adapter in the step are gathered once
-    and applied with `bmm` to its rows, laid out as `[adapters, rows per adapter]` (groups
-    padded to the largest with copies of a row whose results are dropped)."""
+    """Rows on several adapters: each adapter's rows are laid out as one batch of a `bmm`
+    (`[adapters, rows per adapter]`, padded to the largest group with copies of a row whose
+    results are dropped) against that adapter's A and B.
+
+    When the adapters' slots span a range at most twice their number, the bank's tensors
+    are used as they are over that range (a view: slots in between get no rows), which
+    reads each adapter's weights once; otherwise the slots are gathered into copies.
+    """
 
     def __init__(self, groups: dict[int, list[int]], rows: int, device: torch.device) -> None:
+        lo, hi = min(groups), max(groups)
+        self.span: tuple[int, int] | None = None
+        if hi - lo + 1 <= 2 * len(groups):
+            self.span = (lo, hi + 1)
+            groups = {slot: groups.get(slot, []) for slot in range(lo, hi + 1)}
         width = max(len(g) for g in groups.values())
         order: list[int] = []
         back = [0] * rows
         for g, members in enumerate(groups.values()):
             for j, row in enumerate(members):
                 back[row] = g * width + j
-            order += members + [members[0]] * (width - len(members))
-        adapted = [row for members in groups.values() for row in members]
-        self.groups, self.width = len(groups), width
+            order += members + [members[0] if members else 0] * (width - len(members))
+        adapted = sorted(row for members in groups.values() for row in members)
+        self.groups, self.width, self.rows = len(groups), width, rows
         self.slots = torch.tensor(list(groups), dtype=torch.long, device=device)
         self.order = torch.tensor(order, dtype=torch.long, device=device)
-        self.rows = rows
         self.adapted: torch.Tensor | None = None  # rows with an adapter, if not all
         if len(adapted) < rows:
-            self.adapted = torch.tensor(sorted(adapted), dtype=torch.long, device=device)
-            back = [back[row] for row in sorted(adapted)]
+            self.adapted = torch.tensor(adapted, dtype=torch.long, device=device)
+            back = [back[row] for row in adapted]
         self.back = torch.tensor(back, dtype=torch.long, device=device)
+
+    def _take(self, stacked: torch.Tensor) -> torch.Tensor:
+        if self.span is not None:
+            return stacked[self.span[0] : self.span[1]]
+        return stacked.index_select(0, self.slots)
 
     def apply(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         seq, fan_in = x.shape[1], x.shape[2]
         xs = x.index_select(0, self.order).reshape(self.groups, self.width * seq, fan_in)
-        low = torch.bmm(xs, a.index_select(0, self.slots))
-        up = torch.bmm(low, b.index_select(0, self.slots))
+        up = torch.bmm(torch.bmm(xs, self._take(a)), self._take(b))
         up = up.reshape(self.groups * self.width, seq, -1).index_select(0, self.back)
         if self.adapted is None:
             return up
