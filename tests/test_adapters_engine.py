@@ -242,3 +242,35 @@ async def test_unloading_lets_running_rows_finish_and_refuses_new_ones(
         engine.generate(PROMPTS[0], greedy(), adapter="a")
     with pytest.raises(UnknownAdapterError):
         await engine.unload_adapter("a")
+
+
+async def test_a_request_waiting_for_a_memory_slot_is_not_overtaken(
+    tiny: LoadedModel, made: dict[str, MadeAdapter]
+) -> None:
+    eng = TorchEngine(tiny.model, tiny.tokenizer, max_batch_size=4, max_loaded_adapters=1)
+    await eng.start()
+    try:
+        await eng.load_adapter("a", 1, str(made["a"].path))
+        await eng.load_adapter("b", 1, str(made["b"].path))  # evicts `a`: one slot only
+        first_on_b = eng.generate(PROMPTS[0], greedy(30), adapter="b")
+        await first_on_b.__anext__()  # `b` holds the only slot while this runs
+        started: list[str] = []
+
+        async def run(name: str, prompt: list[int]) -> list[TokenOutput]:
+            out = []
+            async for token in eng.generate(prompt, greedy(6), adapter=name):
+                if not out:
+                    started.append(name)
+                out.append(token)
+            return out
+
+        on_a = asyncio.create_task(run("a", PROMPTS[1]))
+        await asyncio.sleep(0.05)
+        later_on_b = asyncio.create_task(run("b", PROMPTS[2]))
+        rest = [t async for t in first_on_b]
+        assert rest[-1].finish_reason == "length"
+        check_against(made["a"].merged, PROMPTS[1], await on_a)
+        check_against(made["b"].merged, PROMPTS[2], await later_on_b)
+        assert started == ["a", "b"]  # `b`'s newer request waited for `a` to get the slot
+    finally:
+        await eng.stop()

@@ -137,16 +137,19 @@ class AdapterTable:
         if adapter.retired and not adapter.users:
             self._free(adapter)
 
-    def ensure_loading(self, adapter: Adapter, keep: Collection[Adapter] = ()) -> None:
-        """A waiting request needs an evicted adapter: reload it once a slot can be had
-        (without evicting an adapter of `keep`)."""
-        if adapter.slot or not self._reserve(adapter, keep):
-            return
+    def ensure_loading(self, adapter: Adapter, keep: Collection[Adapter] = ()) -> bool:
+        """A waiting request needs an evicted adapter: reload it if a slot can be had
+        (without evicting an adapter of `keep`); whether it is being reloaded."""
+        if adapter.slot:
+            return True
+        if not self._reserve(adapter, keep):
+            return False
         if self._loader is None:
             self._loader = ThreadPoolExecutor(1, thread_name_prefix="adapter-loader")
         generation = adapter.generation
         log.info("reloading evicted adapter %s v%d", adapter.name, adapter.version)
         self._loader.submit(self._reload, adapter, generation, adapter.path)
+        return True
 
     def finished_reloads(self) -> list[tuple[Adapter, Exception]]:
         """Install the reloads read since the last call; the adapters that failed to reload."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from liveloop.server.engine.adapters import AdapterTable
+from liveloop.server.engine.adapters import Adapter, AdapterTable
 from liveloop.server.engine.forward import LlamaRunner, Prefill
 from liveloop.server.engine.kv_cache import BatchKVCache
 from liveloop.server.engine.prefix_cache import PrefixCache
@@ -155,10 +155,12 @@ class DecodeLoop:
         """The prompt to prefill now: the one being prefilled, else the oldest waiting
         request whose adapter is in memory.
 
-        Requests whose adapter is not have it read back (they keep their place; adapters
-        other waiting requests need are not evicted for that); requests on an adapter
-        unloaded meanwhile fail. With nothing startable and nothing running,
-        the decode thread sleeps until a request or an adapter arrives.
+        Requests whose adapter is not have it read back, in queue order (a reload never
+        evicts an adapter an older waiting request needs). Once one cannot even get a
+        memory slot (every slot held by running requests), no newer request on an adapter
+        starts before it, so the running ones drain and free a slot. Requests on an
+        adapter unloaded meanwhile fail. With nothing startable and nothing running, the
+        decode thread sleeps until a request or an adapter arrives.
         """
         if self._staging is not None:
             if not self._staging[0].cancelled:
@@ -169,18 +171,23 @@ class DecodeLoop:
             waiting = list(self._waiting)
             news = self._news
         gone: list[Request] = []
-        chosen = None
-        needed = {r.adapter: self._adapters.get(r.adapter) for r in waiting if r.adapter}
-        keep = {a for a in needed.values() if a is not None and a.ready}
+        chosen: Request | None = None
+        keep: set[Adapter] = set()  # adapters of older waiting requests, ready to run
+        blocked = False  # an older request waits for a memory slot
         for req in waiting:
-            adapter = needed.get(req.adapter) if req.adapter is not None else None
-            if req.adapter is None or (adapter is not None and adapter.ready):
+            if req.adapter is None:
                 chosen = chosen or req
-            elif adapter is None:
+                continue
+            adapter = self._adapters.get(req.adapter)
+            if adapter is None:
                 gone.append(req)
+            elif adapter.ready:
+                keep.add(adapter)
+                if not blocked:
+                    chosen = chosen or req
             else:
                 req.adapter_wait_since = req.adapter_wait_since or time.monotonic()
-                self._adapters.ensure_loading(adapter, keep)
+                blocked |= not self._adapters.ensure_loading(adapter, keep)
         self._fail_waiting(
             [(r, UnknownAdapterError(f"adapter {r.adapter!r} was unloaded")) for r in gone]
         )
