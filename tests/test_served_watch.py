@@ -173,18 +173,22 @@ def _weights(path: str) -> dict[str, object]:
     return dict(load_file(file))
 
 
+@pytest.mark.parametrize("published", ["weights", "adapter"])
 async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
-    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path, published: str
 ) -> None:
-    """End to end: served counters -> the trainer's watch -> a new version with good weights."""
+    """End to end: served counters -> the trainer's watch -> a new version with good weights
+    (full weights, or, with LoRA, the adapter: the other adapters' and the base untouched)."""
     writer = BatchWriter(aredis_client, data_dir)
     for seed in (31, 32):
         await writer.write(make_samples(4, seed=seed), 0)
-    trainer_cfg = {
+    trainer_cfg: dict[str, object] = {
         "lr": 1e-3,
         "gate": {"enabled": False},
         "watch": {"min_turns": 8, "check_interval_s": 0.05},
     }
+    if published == "adapter":
+        trainer_cfg |= {"lr": 1e-2, "lora": {"enabled": True, "rank": 4, "alpha": 8}}
     first = trainer_of(settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 2}))
     await first.run()
     assert (
@@ -214,6 +218,8 @@ async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
         (4, 3, "accepted"),
     ]
     assert announced[2].reason and announced[2].reason.startswith("the weights of v1 again")
+    kinds = {a.kind for a in announced}
+    assert kinds == ({"adapter"} if published == "adapter" else {"full"})
     paths = {a.version: a.path for a in announced}
     again, good, bad = _weights(paths[3]), _weights(paths[1]), _weights(paths[2])
     assert again.keys() == good.keys()

@@ -6,7 +6,8 @@ module adds the trainer's own state inside each version directory:
 
     v<N>/trainer_state/state.json  version, parent, recently applied batch ids
     v<N>/trainer_state/optimizer.pt
-    v<N>/trainer_state/adapter/    LoRA adapter (only when training LoRA)
+    v<N>/trainer_state/adapter/    LoRA adapter (when training LoRA and publishing merged
+                                   weights; a version published as an adapter is one itself)
 
 A version counts as a checkpoint once its `state.json` is there. Only the newest `keep`
 are kept.
@@ -100,19 +101,32 @@ class CheckpointStore:
         optimizer: torch.optim.Optimizer,
         state: TrainerState,
         adapter: Any | None = None,
+        *,
+        publish_adapter: str | None = None,
     ) -> Path:
-        """Write version `state.version` atomically; returns its directory."""
+        """Write version `state.version` atomically; returns its directory.
+
+        `model` is the servable weights and `adapter` the peft model trained (LoRA), kept
+        beside them to resume from; with `publish_adapter` (its name) the version is the
+        adapter alone, and `model` is not written.
+        """
         import torch
 
         def add_trainer_state(directory: Path) -> None:
             state_dir = directory / STATE_DIR
             state_dir.mkdir()
             torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
-            if adapter is not None:
+            if adapter is not None and publish_adapter is None:
                 adapter.save_pretrained(str(state_dir / "adapter"))
             state.applied_batches = state.applied_batches[-APPLIED_BATCHES_KEPT:]
             (state_dir / "state.json").write_text(json.dumps(asdict(state)))
 
+        if publish_adapter is not None:
+            assert adapter is not None, "publishing an adapter needs the peft model"
+            path = self.transport.write_adapter(
+                state.version, adapter, publish_adapter, add_trainer_state
+            )
+            return Path(path)
         return Path(self.transport.write(state.version, model, tokenizer, add_trainer_state))
 
     def load_state(self, version: int) -> TrainerState:

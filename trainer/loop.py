@@ -415,9 +415,15 @@ class Trainer:
         self.metrics.version.set(self.version)
 
     def _save(self, state: TrainerState, weights: Any = None) -> Path:
-        """Checkpoint `state` with `weights` (the policy exported, by default)."""
+        """Checkpoint `state` with `weights` (the policy exported, by default), or, when
+        versions are published as adapters, with the policy's adapter alone."""
         updater = self._updater()
         policy = updater.policy
         adapter = policy.model if policy.lora else None
-        weights = weights if weights is not None else policy.export()
-        return self.store.save(weights, policy.tokenizer, updater.optimizer, state, adapter=adapter)
+        name = self.cfg.lora.adapter_name if self.cfg.publishes_adapters else None
+        if name is None and weights is None:
+            weights = policy.export()
+        return self.store.save(
+            weights, policy.tokenizer, updater.optimizer, state, adapter=adapter,
+            publish_adapter=name,
+        )  # fmt: skip

@@ -28,7 +28,7 @@ from liveloop.samples import staleness, untrainable, within_staleness
 from liveloop.trainer.checkpoints import TrainerState
 from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.objectives import Objective
-from liveloop.weights import WeightTransport
+from liveloop.weights import WeightTransport, adapter_name_of
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,7 @@ class Publisher:
 
         A rejected version is announced too, so that every server can show it as refused.
         """
+        adapter = adapter_name_of(path)
         payload = WeightsAnnouncement(
             version=version,
             path=str(path),
@@ -182,6 +183,8 @@ class Publisher:
             metrics=metrics,
             status=status,
             reason=reason,
+            kind="adapter" if adapter is not None else "full",
+            adapter=adapter,
         )
         return await self.transport.announce(payload)
 

@@ -1,8 +1,10 @@
 """Settings of the training loop (`liveloop train`)."""
 
+from __future__ import annotations
+
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from liveloop.config.base import Section
 from liveloop.config.consumer import ConsumerSettings, consumer_defaults
@@ -13,7 +15,7 @@ from liveloop.config.watch import WatchSettings
 
 
 class LoraSettings(Section):
-    """Optional LoRA adapters through peft (merged into full weights in every checkpoint)."""
+    """Optional LoRA adapters through peft, published as adapters or merged (`publish`)."""
 
     enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
     rank: int = Field(8, ge=1, description="LoRA rank.")
@@ -23,12 +25,24 @@ class LoraSettings(Section):
         "all-linear",
         description="Modules that get adapters: a list of names, or 'all-linear'.",
     )
+    adapter_name: str = Field(
+        "policy",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The name the adapter is announced and served under (publish = 'adapter').",
+    )
 
 
 class TrainerConfig(Section):
     """Decoupled PPO hyper-parameters and checkpoint publishing."""
 
     device: str = Field("cpu", description="Torch device for training.")
+    publish: Literal["adapter", "merged"] | None = Field(
+        None,
+        description="What a version's checkpoint holds: 'adapter', the LoRA adapter alone in "
+        "the PEFT layout (adapter_config.json + adapter_model.safetensors), served over the "
+        "unchanged base; 'merged', full weights with the adapter merged in. Unset: "
+        "'adapter' when training LoRA, full weights otherwise.",
+    )
     objective: ObjectiveConfig = Field(
         default_factory=RLObjectiveConfig,
         description=(
@@ -118,3 +132,17 @@ class TrainerConfig(Section):
     gate: GateSettings = Field(default_factory=GateSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     opd: OPDSettings = Field(default_factory=OPDSettings)
+
+    @model_validator(mode="after")
+    def _adapters_need_lora(self) -> TrainerConfig:
+        if self.publish == "adapter" and not self.lora.enabled:
+            raise ValueError(
+                "publish = 'adapter' needs LoRA training: set trainer.lora.enabled = true "
+                "(or publish = 'merged')"
+            )
+        return self
+
+    @property
+    def publishes_adapters(self) -> bool:
+        """True when versions are published as LoRA adapters (not full weights)."""
+        return self.lora.enabled and self.publish != "merged"
