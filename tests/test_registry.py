@@ -231,6 +231,21 @@ def test_delete_model_version_keeps_lineage(registry: Registry) -> None:
     assert child is not None and child.parent == 1
 
 
+def test_adapter_versions_by_tenant_and_forgetting_a_tenant(registry: Registry) -> None:
+    registry.add_model_version(1, "/ckpt/1", None)
+    registry.add_model_version(2, "/ckpt/2", 1, adapter="tenant-a", tenant="tenant-a")
+    registry.add_model_version(3, "/ckpt/3", 1, adapter="tenant-b", tenant="tenant-b")
+    registry.upsert_session("s-a", "tenant-a")
+    registry.upsert_session("s-b", "tenant-b")
+    (mine,) = registry.list_model_versions(tenant="tenant-a")
+    assert (mine.version, mine.adapter, mine.tenant) == (2, "tenant-a", "tenant-a")
+    assert registry.delete_tenant("tenant-a") == {"versions": 1, "sessions": 1}
+    assert registry.get_model_version(2) is None and registry.get_session("s-a") is None
+    assert [v.version for v in registry.list_model_versions()] == [3, 1]
+    assert registry.get_session("s-b") is not None
+    assert registry.delete_tenant("never-seen") == {"versions": 0, "sessions": 0}
+
+
 def test_non_finite_metrics_are_dropped_and_unknown_run_rejected(registry: Registry) -> None:
     registry.add_model_version(1, "/ckpt/1", None, {"loss": float("nan"), "kl": 0.1})
     version = registry.get_model_version(1)

@@ -71,6 +71,7 @@ def test_no_route_reads_sessions_or_changes_settings(server_url: str) -> None:
         ("POST", "/v1/feedback"),
         ("GET", "/admin/weights"),
         ("POST", "/admin/weights"),
+        ("DELETE", "/admin/adapters/{name}"),
         ("GET", "/admin/capture"),
         ("POST", "/admin/capture/pause"),
         ("POST", "/admin/capture/resume"),
@@ -78,9 +79,10 @@ def test_no_route_reads_sessions_or_changes_settings(server_url: str) -> None:
         ("GET", "/readyz"),
         ("GET", "/metrics"),
     }
-    # the only admin body names a checkpoint to load; nothing takes a setting
+    # the only admin body names a checkpoint (or one adapter) to load; nothing takes a setting
     schemas = schema["components"]["schemas"]
-    assert set(schemas["LoadWeightsRequest"]["properties"]) == {"path", "version"}
+    loaded = set(schemas["LoadWeightsRequest"]["properties"])
+    assert loaded == {"path", "version", "adapter", "tenant"}
     for method in ("put", "patch", "post"):
         response = httpx.request(method, server_url + "/admin/config", headers=_auth(ADMIN_KEY))
         assert response.status_code in (404, 405)

@@ -28,7 +28,7 @@ from liveloop.samples import staleness, untrainable, within_staleness
 from liveloop.trainer.checkpoints import TrainerState
 from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.objectives import Objective
-from liveloop.weights import WeightTransport, adapter_name_of
+from liveloop.weights import WeightTransport, adapter_meta
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +157,11 @@ class Publisher:
         reason: str | None = None,
     ) -> None:
         """Add the version to the registry (a no-op if it is there already)."""
+        meta = adapter_meta(path)
         self.registry.add_model_version(
-            version, str(path), parent, metrics, run_id=self.run_id, status=status, reason=reason
-        )
+            version, str(path), parent, metrics, run_id=self.run_id, status=status,
+            reason=reason, adapter=meta["adapter"], tenant=meta["tenant"],
+        )  # fmt: skip
 
     async def announce(
         self,
@@ -175,7 +177,8 @@ class Publisher:
 
         A rejected version is announced too, so that every server can show it as refused.
         """
-        adapter = adapter_name_of(path)
+        meta = adapter_meta(path)
+        adapter = meta["adapter"]
         payload = WeightsAnnouncement(
             version=version,
             path=str(path),
@@ -185,6 +188,7 @@ class Publisher:
             reason=reason,
             kind="adapter" if adapter is not None else "full",
             adapter=adapter,
+            tenant=meta["tenant"],
         )
         return await self.transport.announce(payload)
 

@@ -45,6 +45,8 @@ class ModelVersionInfo:
     run_id: int | None
     status: VersionStatus = VersionStatus.ACCEPTED
     reason: str | None = None
+    adapter: str | None = None  # the LoRA adapter the version is (None: full weights)
+    tenant: str | None = None  # whose adapter (tenant scope; None: shared)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,8 @@ class ModelVersion(Base):
         String(16), nullable=False, default="accepted", server_default="accepted"
     )
     reason: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    adapter: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    tenant: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
 
 
 class VersionQuality(Base):

@@ -99,6 +99,8 @@ def _version_info(row: ModelVersion) -> ModelVersionInfo:
         run_id=row.run_id,
         status=VersionStatus(row.status),
         reason=row.reason,
+        adapter=row.adapter,
+        tenant=row.tenant,
     )
 
 
@@ -218,6 +220,8 @@ class Registry:
         *,
         status: VersionStatus = VersionStatus.ACCEPTED,
         reason: str | None = None,
+        adapter: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Record a policy version; recording a version that exists already is a no-op.
 
@@ -238,6 +242,8 @@ class Registry:
                                 run_id=run_id,
                                 status=str(status),
                                 reason=reason[:2048] if reason else None,
+                                adapter=adapter,
+                                tenant=tenant,
                             )
                         )
                     elif existing.path != str(path):
@@ -266,12 +272,18 @@ class Registry:
         return versions[0] if versions else None
 
     def list_model_versions(
-        self, limit: int = 100, *, status: VersionStatus | None = None
+        self,
+        limit: int = 100,
+        *,
+        status: VersionStatus | None = None,
+        tenant: str | None = None,
     ) -> list[ModelVersionInfo]:
-        """Up to `limit` versions (optionally of one status), newest (highest) first."""
+        """Up to `limit` versions (optionally of one status, or one tenant's), newest first."""
         query = select(ModelVersion).order_by(ModelVersion.version.desc()).limit(max(limit, 0))
         if status is not None:
             query = query.where(ModelVersion.status == status)
+        if tenant is not None:
+            query = query.where(ModelVersion.tenant == tenant)
         with self._guard("list_model_versions"), self._tx() as session:
             return [_version_info(row) for row in session.scalars(query)]
 
@@ -328,6 +340,19 @@ class Registry:
         """Forget a version (its children keep their parent number); unknown: no-op."""
         with self._guard("delete_model_version"), self._tx() as session:
             session.execute(delete(ModelVersion).where(ModelVersion.version == version))
+
+    def delete_tenant(self, tenant: str) -> dict[str, int]:
+        """Forget everything recorded of one tenant: its versions, their quality, its
+        sessions. Returns how many rows of each went; a tenant never seen: all zero."""
+        with self._guard("delete_tenant"), self._tx() as session:
+            versions = list(
+                session.scalars(select(ModelVersion.version).where(ModelVersion.tenant == tenant))
+            )
+            if versions:
+                session.execute(delete(VersionQuality).where(VersionQuality.version.in_(versions)))
+                session.execute(delete(ModelVersion).where(ModelVersion.version.in_(versions)))
+            gone = session.execute(delete(ChatSession).where(ChatSession.tenant == tenant))
+        return {"versions": len(versions), "sessions": int(getattr(gone, "rowcount", 0) or 0)}
 
     # -- sessions -----------------------------------------------------------------------
 

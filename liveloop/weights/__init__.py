@@ -21,6 +21,7 @@ from liveloop.weights.checkpoint import (
 from liveloop.weights.transport import (
     SharedDiskTransport,
     WeightTransport,
+    adapter_meta,
     adapter_name_of,
     setup_weight_transport,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "CheckpointError",
     "SharedDiskTransport",
     "WeightTransport",
+    "adapter_meta",
     "adapter_name_of",
     "check_checkpoint",
     "decode_announcements",

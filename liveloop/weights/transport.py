@@ -67,16 +67,27 @@ ADAPTER_META = "liveloop_adapter.json"  # which adapter, which version (beside P
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
+def adapter_meta(location: str | Path) -> dict[str, str | None]:
+    """What `liveloop_adapter.json` says of a version directory: {"adapter", "tenant"}
+    (both None for full weights)."""
+    meta = Path(location) / ADAPTER_META
+    found: dict[str, str | None] = {"adapter": None, "tenant": None}
+    if not meta.is_file():
+        return found
+    try:
+        raw = json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return found
+    if isinstance(raw, dict):
+        for key in found:
+            value = raw.get(key)
+            found[key] = str(value) if value else None
+    return found
+
+
 def adapter_name_of(location: str | Path) -> str | None:
     """The adapter a version directory holds (`liveloop_adapter.json`), or None for weights."""
-    meta = Path(location) / ADAPTER_META
-    if not meta.is_file():
-        return None
-    try:
-        name = json.loads(meta.read_text()).get("adapter")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return str(name) if name else None
+    return adapter_meta(location)["adapter"]
 
 
 class WeightTransport(ABC):
@@ -194,9 +205,10 @@ class SharedDiskTransport(WeightTransport):
         adapter_model: Any,
         adapter: str,
         extra: Callable[[Path], None] | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Write `v<version>/` as a PEFT adapter (a peft model's trainable adapter only),
-        atomically; its absolute path."""
+        named `adapter` (`tenant`'s, in tenant scope), atomically; its absolute path."""
         root = self._root()
         root.mkdir(parents=True, exist_ok=True)
         final = self.path_for(version)
@@ -205,7 +217,7 @@ class SharedDiskTransport(WeightTransport):
             shutil.rmtree(tmp)
         try:
             adapter_model.save_pretrained(str(tmp))
-            meta = {"adapter": adapter, "version": version}
+            meta = {"adapter": adapter, "version": version, "tenant": tenant}
             (tmp / ADAPTER_META).write_text(json.dumps(meta))
             if extra is not None:
                 extra(tmp)
