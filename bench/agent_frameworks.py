@@ -6,7 +6,9 @@ a served tool call must be one that the OpenAI Agents SDK and LangChain act on. 
 gives each framework an agent with one weather tool that returns a fixed, made-up forecast,
 and asks it about the weather in a city. For each framework it prints whether the tool ran
 (and with which city), the final answer, whether the answer uses the forecast (it holds the
-made-up temperature), and the seconds it took. `--base-url` uses a server already running.
+made-up temperature), the seconds it took, and how the server recorded the run: its turns
+in `liveloop:turns` and how many sessions they fell into (one: the tool result was linked
+to the call it answers, so the judge sees it as that turn's next state).
 Needs the `agents` extra: `pip install -e '.[agents]'`.
 
     python bench/agent_frameworks.py [--model qwen2.5-coder-0.5b] [--max-tokens 96]
@@ -21,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from liveloop.valkey import free_port  # noqa: E402
+from liveloop.valkey import EmbeddedValkey, free_port  # noqa: E402
 
 API_KEY = "sk-bench-agents"
 CITY = "Oslo"
@@ -48,6 +50,20 @@ INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given to answ
 def forecast(city: str) -> str:
     """The fixed, made-up forecast every tool returns."""
     return f"{city}: {TEMPERATURE_C} degrees Celsius, light rain, wind 4 m/s from the west."
+
+
+def recorded_turns(redis_url: str, after: str) -> tuple[str, dict[str, Any]]:
+    """Turns recorded since stream id `after`: the last id, and their count and sessions."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    entries: Any = client.xrange("liveloop:turns", min=f"({after}" if after != "0" else "-")
+    client.close()
+    turns = [json.loads(fields["data"]) for _id, fields in entries]
+    summary = {
+        "turns": len(turns),
+        "sessions": len({t["session_id"] for t in turns}),
+        "finish_reasons": [t["finish_reason"] for t in turns],
+    }
+    return (entries[-1][0] if entries else after), summary
 
 
 def _result(ran: list[str], answer: str, started: float, **extra: Any) -> dict[str, Any]:
@@ -133,13 +149,14 @@ def run_langchain(base_url: str, model: str, max_tokens: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def liveloop_up(model: str, root: Path) -> Iterator[str]:
-    """`liveloop up` on a free port (its own embedded Valkey); the base URL while it runs."""
+def liveloop_up(model: str, root: Path, redis_url: str) -> Iterator[str]:
+    """`liveloop up` on a free port and the given Valkey; the base URL while it runs."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIVELOOP_")}
     env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LIVELOOP_API_KEYS": API_KEY})
     argv = [sys.executable, "-m", "liveloop.cli", "up", "--model", model, "--quiet"]
     argv += ["--data-dir", str(root / "data"), "--port", str(port), "--log-level", "WARNING"]
+    argv += ["--redis-url", redis_url]
     with open(root / "up.log", "wb") as log:
         proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
@@ -156,7 +173,7 @@ def liveloop_up(model: str, root: Path) -> Iterator[str]:
             raise RuntimeError("liveloop up not ready in 900 s")
         yield base_url
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.terminate()  # SIGTERM: a background shell may have set SIGINT to be ignored
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(60)
         if proc.poll() is None:
@@ -174,7 +191,7 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def run_all(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_all(base_url: str, redis_url: str | None, args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, Callable[[], dict[str, Any]]] = {
         "openai-agents": lambda: asyncio.run(
             run_openai_agents(base_url, args.model, args.max_tokens)
@@ -182,11 +199,15 @@ def run_all(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
         "langchain": lambda: run_langchain(base_url, args.model, args.max_tokens),
     }
     results: dict[str, Any] = {}
+    last = "0"
     for name, run in runs.items():
         try:
             results[name] = run()
         except Exception as exc:  # a framework's failure is a result, not a crash
             results[name] = {"tool_ran": False, "error": f"{type(exc).__name__}: {exc}"}
+        if redis_url:
+            time.sleep(2.0)  # the trace writer's last records
+            last, results[name]["recorded"] = recorded_turns(redis_url, last)
     return results
 
 
@@ -195,17 +216,20 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--max-tokens", type=int, default=96, help="per model call")
     parser.add_argument("--base-url", help="a LiveLoop server already running (no `up`)")
+    parser.add_argument("--redis-url", help="that server's Redis (to count its turns)")
     args = parser.parse_args()
     started = time.perf_counter()
     if args.base_url:
-        frameworks = run_all(args.base_url, args)
+        frameworks = run_all(args.base_url, args.redis_url, args)
     else:
-        with (
-            tempfile.TemporaryDirectory(prefix="liveloop-agents-") as tmp,
-            liveloop_up(args.model, Path(tmp)) as base_url,
-        ):
-            ready_s = round(time.perf_counter() - started, 1)
-            frameworks = run_all(base_url, args)
+        with tempfile.TemporaryDirectory(prefix="liveloop-agents-") as tmp:
+            valkey = EmbeddedValkey(Path(tmp) / "valkey", port=free_port()).start()
+            try:
+                with liveloop_up(args.model, Path(tmp), valkey.url) as base_url:
+                    ready_s = round(time.perf_counter() - started, 1)
+                    frameworks = run_all(base_url, valkey.url, args)
+            finally:
+                valkey.stop()
     out = {
         "model": args.model,
         "server": "existing" if args.base_url else "liveloop up",
