@@ -4,8 +4,9 @@ Renders each question with one to three offered tools through the server's own c
 template code (the exact prompt `liveloop serve` builds), samples several replies per prompt
 with one batched `generate` call (fixed seed per prompt), and sorts every reply into one
 form: `tagged` (a `<tool_call>` block), `fenced` (a ``` fence holding a JSON object or list
-of objects with a "name"), `bare` (such JSON outside a fence, starting a line), or `text`
-(none of these). For each reply it also records whether the server's parser
+of objects with a "name"), `bare` (such JSON outside a fence, starting a line),
+`bare_unclosed` (such JSON that ends without its last closing brackets), `tools_echo` (the
+prompt's `<tools>` listing written back) or `text` (none of these). For each reply it also records whether the server's parser
 (`liveloop.server.tools.parse_tool_calls`, told which tools were offered) turns it into a
 tool call. Questions are of three kinds: `tool` (one offered tool answers it), `no_tool`
 (none does) and `chat` (no tool needed at all). Prints one JSON object; `--samples-out`
@@ -31,6 +32,7 @@ if str(ROOT) not in sys.path:
 
 from liveloop.models import load_model  # noqa: E402
 from liveloop.server.tools import parse_tool_calls  # noqa: E402
+from liveloop.server.tools.call_json import closed_json  # noqa: E402
 from liveloop.server.tools.spec import parse_tools  # noqa: E402
 from liveloop.server.tools.template import ChatTemplate  # noqa: E402
 
@@ -120,8 +122,21 @@ def _first_json(text: str) -> Any:
     return None
 
 
+def _unclosed_json(text: str) -> Any:
+    """The call JSON of a reply that ends without its last closing brackets."""
+    for match in LINE_START_JSON.finditer(text):
+        closed = closed_json(text[match.start(1) :])
+        try:
+            value = json.loads(closed) if closed is not None else None
+        except ValueError:
+            continue
+        if _names(value) is not None:
+            return value
+    return None
+
+
 def classify(text: str) -> tuple[str, Any]:
-    """The reply's form and the JSON it holds (None for `tagged` and `text`)."""
+    """The reply's form and the JSON it holds (None for `tagged`, `tools_echo` and `text`)."""
     if "<tool_call>" in text:
         return "tagged", None
     for match in FENCE.finditer(text + ("```" if text.count("```") % 2 else "")):
@@ -131,6 +146,11 @@ def classify(text: str) -> tuple[str, Any]:
     value = _first_json(text)
     if value is not None:
         return "bare", value
+    value = _unclosed_json(text)
+    if value is not None:
+        return "bare_unclosed", value
+    if "<tools>" in text:
+        return "tools_echo", None
     return "text", None
 
 
@@ -197,6 +217,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by_kind: dict[str, Counter[str]] = {}
     parsed: Counter[str] = Counter()
     details: Counter[str] = Counter()
+    calls_by_kind: dict[str, Counter[str]] = {}
     for row in rows:
         form, value = classify(row["text"])
         row["form"] = form
@@ -208,6 +229,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         )
         row["parsed_calls"] = [c["function"] for c in calls]
         parsed[f"{form}:{'call' if calls else 'no_call'}"] += 1
+        kind = calls_by_kind.setdefault(row["kind"], Counter())
+        kind["samples"] += 1
+        kind["calls_read"] += bool(calls)
+        kind["calls_read_tags_only"] += bool(parse_tool_calls(row["text"], row["truncated"])[1])
         if value is not None:
             d = _detail(row["text"], value, set(row["tools"]))
             details[f"{form}:list={d['list']}"] += 1
@@ -219,6 +244,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "forms": dict(forms),
         "forms_by_question_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
         "server_parser": dict(sorted(parsed.items())),
+        # replies with a call, read with the offered tools and with tags only (the old parser)
+        "calls_by_question_kind": {k: dict(v) for k, v in sorted(calls_by_kind.items())},
         "json_details": dict(sorted(details.items())),
         "truncated": sum(r["truncated"] for r in rows),
         "mean_tokens": round(sum(r["tokens"] for r in rows) / max(1, len(rows)), 1),

@@ -3,7 +3,8 @@
 Property tests (hypothesis) of the parser with offered tools: the streamed result equals the
 batch result for every split, text without a call comes back exactly, a call in any of the
 three forms is found with its arguments, JSON that does not name an offered function with
-its required arguments is never a call, and a call cut short never leaks into content.
+its required arguments is never a call, and a call cut short never leaks into content. Then
+replies Qwen2.5-Coder-0.5B wrote when offered tools (`bench/tool_forms.py`), read as recorded.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,3 +162,119 @@ def test_a_json_call_cut_short_never_leaks(
         content or "",
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls],
     )
+
+
+# ---------------------------------------------------------------- recorded Qwen outputs
+
+
+def _tool(name: str, *required: str) -> dict[str, Any]:
+    properties = {key: {"type": "string"} for key in required}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {"type": "object", "properties": properties, "required": list(required)},
+        },
+    }
+
+
+# The functions `bench/tool_forms.py` offered (each reply below was offered some of them).
+RECORDED_TOOLS = parse_tools(
+    [
+        _tool("get_weather", "city"),
+        _tool("get_time", "timezone"),
+        _tool("search_web", "query"),
+        _tool("convert_currency", "amount", "source", "target"),
+    ]
+)
+WEATHER_OSLO = ("get_weather", {"city": "Oslo"})
+# Replies of qwen2.5-coder-0.5b (bench/tool_forms.py, seed 0, temperature 0.8), verbatim:
+# (text, truncated, expected content, expected calls as (name, arguments)).
+RECORDED: list[tuple[str, bool, str | None, list[tuple[str, dict[str, Any]]]]] = [
+    # a fenced, pretty-printed call: the most common form
+    (
+        '```json\n{\n    "name": "get_weather",\n    "arguments": {\n        "city": "Oslo"\n    }\n}\n```',
+        False,
+        None,
+        [WEATHER_OSLO],
+    ),
+    # two calls in one fence
+    (
+        '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n{"name": "get_time", "arguments": {"timezone": "Europe/Oslo"}}\n```',
+        False,
+        None,
+        [WEATHER_OSLO, ("get_time", {"timezone": "Europe/Oslo"})],
+    ),
+    # a bare call (a space before the last brace)
+    (
+        '{"name": "search_web", "arguments": {"query": "<your_query_here>"} }',
+        False,
+        None,
+        [("search_web", {"query": "<your_query_here>"})],
+    ),
+    # two bare calls separated by a comma
+    (
+        '{"name": "get_weather", "arguments": {"city": "Rome", "timezone": "Europe/Oslo"}},\n{"name": "get_time", "arguments": {"timezone": "Europe/Oslo"}}',
+        False,
+        None,
+        [
+            ("get_weather", {"city": "Rome", "timezone": "Europe/Oslo"}),
+            ("get_time", {"timezone": "Europe/Oslo"}),
+        ],
+    ),
+    # a bare call between prose, in a reply cut by max_tokens after it
+    (
+        'Here\'s the JSON response for the `get_weather` function call:\n\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n\nPlease note that this response is a JSON object with the function name and arguments. The actual JSON response will depend on the response from the server, as the server might be able to return different types of',
+        True,
+        "Here's the JSON response for the `get_weather` function call:\nPlease note that this response is a JSON object with the function name and arguments. The actual JSON response will depend on the response from the server, as the server might be able to return different types of",
+        [("get_weather", {"city": "Tokyo"})],
+    ),
+    # the model ended its reply one closing brace short: it meant the call
+    (
+        '{"name": "get_weather", "arguments": {"city": "London"}',
+        False,
+        None,
+        [("get_weather", {"city": "London"})],
+    ),
+    # ... but cut short there by max_tokens, the arguments may be unfinished: dropped
+    ('{"name": "get_weather", "arguments": {"city": "London"}', True, "", []),
+    # a function that was not offered (search_web was): content
+    (
+        '```json\n{\n    "name": "send_email",\n    "arguments": {\n        "to": "boss@example.com",\n        "subject": "Late to work!",\n        "body": "I\'m sorry to hear that you\'re late. Please make sure to arrive early tomorrow."\n    }\n}\n```',
+        False,
+        "same",
+        [],
+    ),
+    # the prompt's tool listing written back, cut short: content, nothing dropped
+    (
+        '<tools>\n{"type": "function", "function": {"name": "get_time", "description": "Current local time in a timezone.", "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "description": "IANA name, e.g. Europe/Oslo"}, "required": ["timezone',
+        True,
+        "same",
+        [],
+    ),
+    # other markup and plain prose: content
+    ('<name>get_weather</name>\n<arguments>{"city": "London"}</arguments>', False, "same", []),
+    ("The current temperature in Tokyo is 32 degrees Celsius.", False, "same", []),
+]
+
+
+@pytest.mark.parametrize(("text", "truncated", "content", "calls"), RECORDED)
+def test_recorded_qwen_replies(
+    text: str, truncated: bool, content: str | None, calls: list[tuple[str, dict[str, Any]]]
+) -> None:
+    parsed_content, parsed = parse_tool_calls(text, truncated=truncated, tools=RECORDED_TOOLS)
+    assert parsed_content == (text if content == "same" else content)
+    found = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed]
+    assert found == calls
+    expected = (
+        parsed_content or "",
+        [(c["function"]["name"], c["function"]["arguments"]) for c in parsed],
+    )
+    for cut in range(len(text) + 1):  # streamed in two pieces, cut at every point
+        parser = StreamingToolCallParser(RECORDED_TOOLS)
+        deltas = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish(truncated)
+        streamed = (
+            "".join(d.get("content", "") for d in deltas),
+            [(c["function"]["name"], c["function"]["arguments"]) for d in deltas for c in d.get("tool_calls", [])],
+        )  # fmt: skip
+        assert streamed == expected, cut

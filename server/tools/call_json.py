@@ -37,13 +37,10 @@ def skip_ws(text: str, i: int) -> int:
     return i
 
 
-def json_value_end(text: str, start: int) -> int | None:
-    """Index just past the object or array opening at `start`, None while it is still open.
-
-    Brackets are matched outside strings only; whether the text is valid JSON is left to
-    the parser, so a balanced but invalid text still has an end.
-    """
-    depth = 0
+def _scan(text: str, start: int) -> tuple[int | None, list[str], bool]:
+    """Brackets from `start`: (index past the matching close or None, the closers still
+    owed, whether the text ends inside a string). Matched outside strings only."""
+    owed: list[str] = []
     in_string = False
     i = start
     while i < len(text):
@@ -56,13 +53,34 @@ def json_value_end(text: str, start: int) -> int | None:
         elif ch == '"':
             in_string = True
         elif ch in "{[":
-            depth += 1
+            owed.append("}" if ch == "{" else "]")
         elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+            owed.pop()
+            if not owed:
+                return i + 1, [], False
         i += 1
-    return None
+    return None, owed, in_string
+
+
+def json_value_end(text: str, start: int) -> int | None:
+    """Index just past the object or array opening at `start`, None while it is still open.
+
+    Whether the text is valid JSON is left to the parser, so a balanced but invalid text
+    still has an end.
+    """
+    return _scan(text, start)[0]
+
+
+def closed_json(text: str) -> str | None:
+    """An unfinished object or array with the closing brackets it lacks appended.
+
+    A model that ends its reply with `{"name": "f", "arguments": {"x": 1}` meant the call;
+    None when the text ends inside a string or the value is already closed.
+    """
+    end, owed, in_string = _scan(text, 0)
+    if end is not None or in_string or not owed:
+        return None
+    return text.rstrip(JSON_WHITESPACE) + "".join(reversed(owed))
 
 
 def _raw_members(text: str) -> dict[str, tuple[Any, str]] | None:

@@ -5,12 +5,17 @@ an object `arguments` (a closing tag may be missing at the very end of the text)
 does not hold such an object is ordinary content.
 
 When the request offered tools, two more forms count, because instruct models write them
-although their chat template asks for tags (Qwen2.5-Coder-0.5B mostly writes the first):
+although their chat template asks for tags (Qwen2.5-Coder-0.5B, offered tools, wrote no
+tags at all: about half its calls fenced, half bare; `bench/tool_forms.py`):
 - a fenced block (a line opening with three backticks and `json` or no language) holding
-  one or more call objects, or an array of them; the closing fence may be missing at the end;
-- a bare JSON object (or array of objects) that starts a line.
+  one or more call objects (separated by whitespace or commas), or an array of them; the
+  closing fence may be missing at the end;
+- a bare JSON object (or array of objects) that starts a line; a comma right after it
+  (separating it from the next call) belongs to it.
 Such JSON is a call only when it names an offered function with valid arguments (see
-`call_json`); anything else stays content, exactly as written.
+`call_json`); anything else stays content, exactly as written. A reply the model ended
+(not one cut short) inside such JSON, lacking only closing brackets, is read with them
+added: the model meant the call. Other fenced code blocks are content, fences and all.
 
 Content is the text outside the calls, with the whitespace that touches a call removed and
 pieces separated by calls joined by a newline; text without any call is returned exactly.
@@ -35,6 +40,7 @@ from typing import Any, Literal
 
 from liveloop.server.tools.call_json import (
     ParsedCall,
+    closed_json,
     could_begin_call,
     json_value_end,
     parse_call_body,
@@ -251,12 +257,17 @@ class StreamingToolCallParser:
                     return None
                 if truncated and could_begin_call(rest, self._offered):  # the last call cut
                     return ("calls", len(text), calls) if calls else ("drop", len(text), [])
+                found = None if truncated else self._unclosed_calls(rest.rstrip().rstrip("`"))
+                if found is not None:
+                    return ("calls", len(text), calls + found)
                 return ("fence", len(FENCE), [])
             found = parse_offered_calls(text[i:end], self._offered)
             if found is None:
                 return ("fence", len(FENCE), [])
             calls += found
-            i = end
+            i = skip_ws(text, end)
+            if text.startswith(",", i):  # calls separated by commas
+                i += 1
 
     def _json_step(self, text: str, final: bool, truncated: bool) -> Step | None:
         """A JSON object or array opening a line: a call if it is one, else text."""
@@ -269,9 +280,22 @@ class StreamingToolCallParser:
                 return None
             if truncated and could_begin_call(text, self._offered):
                 return ("drop", len(text), [])
-            return ("text", 1, [])
+            calls = None if truncated else self._unclosed_calls(text)
+            return ("text", 1, []) if calls is None else ("calls", len(text), calls)
         calls = parse_offered_calls(text[:end], self._offered)
-        return ("text", end, []) if calls is None else ("calls", end, calls)
+        if calls is None:
+            return ("text", end, [])
+        after = end
+        while after < len(text) and text[after] in LINE_SPACE:
+            after += 1
+        if after == len(text) and not final:
+            return None  # a comma may follow that separates this call from the next
+        return ("calls", after + 1 if text.startswith(",", after) else end, calls)
+
+    def _unclosed_calls(self, text: str) -> list[ParsedCall] | None:
+        """Calls in JSON the model ended without its last closing brackets, if it holds any."""
+        closed = closed_json(text)
+        return None if closed is None else parse_offered_calls(closed, self._offered)
 
     # Output ----------------------------------------------------------------------------
 
