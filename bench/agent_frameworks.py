@@ -62,8 +62,19 @@ def recorded_turns(redis_url: str, after: str) -> tuple[str, dict[str, Any]]:
         "turns": len(turns),
         "sessions": len({t["session_id"] for t in turns}),
         "finish_reasons": [t["finish_reason"] for t in turns],
+        "replies": [_reply_text(t["response"]) for t in turns],
+        "prompt_modes": [t.get("prompt_mode") for t in turns],
     }
     return (entries[-1][0] if entries else after), summary
+
+
+def _reply_text(response: dict[str, Any]) -> str:
+    """A recorded reply in short: its content, then its calls as name(arguments)."""
+    calls = [
+        f"{c['function']['name']}({' '.join(c['function']['arguments'].split())})"
+        for c in response.get("tool_calls") or []
+    ]
+    return " ".join([response.get("content") or "", *calls]).strip()
 
 
 def _result(ran: list[str], answer: str, started: float, **extra: Any) -> dict[str, Any]:
@@ -77,8 +88,10 @@ def _result(ran: list[str], answer: str, started: float, **extra: Any) -> dict[s
     }
 
 
-async def run_openai_agents(base_url: str, model: str, max_tokens: int) -> dict[str, Any]:
-    """The OpenAI Agents SDK over the chat completions API."""
+async def run_openai_agents(
+    base_url: str, model: str, max_tokens: int, ran: list[str]
+) -> dict[str, Any]:
+    """The OpenAI Agents SDK over the chat completions API (each tool run appends to `ran`)."""
     from agents import (
         Agent,
         ModelSettings,
@@ -90,7 +103,6 @@ async def run_openai_agents(base_url: str, model: str, max_tokens: int) -> dict[
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)  # tracing uploads to OpenAI, which is not the server here
-    ran: list[str] = []
 
     @function_tool
     def get_weather(city: str) -> str:
@@ -116,13 +128,11 @@ async def run_openai_agents(base_url: str, model: str, max_tokens: int) -> dict[
     return _result(ran, str(result.final_output), started, model_calls=len(result.raw_responses))
 
 
-def run_langchain(base_url: str, model: str, max_tokens: int) -> dict[str, Any]:
+def run_langchain(base_url: str, model: str, max_tokens: int, ran: list[str]) -> dict[str, Any]:
     """LangChain's agent (`create_agent`) over `langchain-openai`'s ChatOpenAI."""
     from langchain.agents import create_agent
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-
-    ran: list[str] = []
 
     @tool
     def get_weather(city: str) -> str:
@@ -192,19 +202,22 @@ def _versions() -> dict[str, str]:
 
 
 def run_all(base_url: str, redis_url: str | None, args: argparse.Namespace) -> dict[str, Any]:
-    runs: dict[str, Callable[[], dict[str, Any]]] = {
-        "openai-agents": lambda: asyncio.run(
-            run_openai_agents(base_url, args.model, args.max_tokens)
+    runs: dict[str, Callable[[list[str]], dict[str, Any]]] = {
+        "openai-agents": lambda ran: asyncio.run(
+            run_openai_agents(base_url, args.model, args.max_tokens, ran)
         ),
-        "langchain": lambda: run_langchain(base_url, args.model, args.max_tokens),
+        "langchain": lambda ran: run_langchain(base_url, args.model, args.max_tokens, ran),
     }
     results: dict[str, Any] = {}
     last = "0"
     for name, run in runs.items():
+        ran: list[str] = []
+        started = time.perf_counter()
         try:
-            results[name] = run()
+            results[name] = run(ran)
         except Exception as exc:  # a framework's failure is a result, not a crash
-            results[name] = {"tool_ran": False, "error": f"{type(exc).__name__}: {exc}"}
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            results[name] = _result(ran, "", started, error=error)
         if redis_url:
             time.sleep(2.0)  # the trace writer's last records
             last, results[name]["recorded"] = recorded_turns(redis_url, last)

@@ -59,10 +59,16 @@ class PackagedModel:
     layers: int  # GGUF `<architecture>.block_count`
     hidden: int  # GGUF `<architecture>.embedding_length`
     member_suffix: str = ".bin"  # each wheel's one member that holds its piece ends so
+    # (wrong text, right text) edits of the GGUF's chat template, each found exactly once
+    chat_template_fixes: tuple[tuple[str, str], ...] = ()
 
     def requirements(self) -> list[str]:
         """Pinned requirement strings for pip, in order."""
         return [f"{name}=={self.version}" for name in self.packages]
+
+
+QWEN_CALL_FORMAT = '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}'
+QWEN_DOUBLED_CALL_FORMAT = "{" + QWEN_CALL_FORMAT + "}"
 
 
 def _parts(prefix: str, count: int) -> tuple[str, ...]:
@@ -111,9 +117,26 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             general_name="Qwen2.5 Coder 1.5B Instruct GGUF",
             layers=28,
             hidden=1536,
+            # This GGUF's template shows the call format with doubled braces (escaped for a
+            # format string that never ran): `{{"name": ...}}`. Shown that, the model writes
+            # `{{"name": "get_weather", ...}}}`, which is no JSON; Qwen2.5's own template
+            # (and the 0.5B GGUF's) has single braces.
+            chat_template_fixes=((QWEN_DOUBLED_CALL_FORMAT, QWEN_CALL_FORMAT),),
         ),
     )
 }
+
+
+def fixed_chat_template(model: PackagedModel, template: str | None) -> str | None:
+    """The GGUF's chat template with the entry's fixes applied (each must apply once)."""
+    for wrong, right in model.chat_template_fixes:
+        if template is None or template.count(wrong) != 1:
+            raise ModelLoadError(
+                f"{model.alias}: the chat template does not hold {wrong!r} exactly once; "
+                "the entry's chat_template_fixes do not fit this file"
+            )
+        template = template.replace(wrong, right)
+    return template
 
 
 def wheelhouse_from_env() -> Path | None:

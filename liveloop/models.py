@@ -36,6 +36,7 @@ from liveloop.model_packages import (
     ModelLoadError,
     PackagedModel,
     assemble_gguf,
+    fixed_chat_template,
     wheelhouse_from_env,
 )
 
@@ -116,13 +117,17 @@ def packaged_gguf(model: PackagedModel) -> Path:
     return gguf_path
 
 
-def _convert_gguf(gguf: Path, out: Path, with_weights: bool = True) -> None:
+def _convert_gguf(
+    gguf: Path, out: Path, with_weights: bool = True, packaged: PackagedModel | None = None
+) -> None:
     """Dequantize a GGUF into a safetensors HF directory (tokenizer and chat template too)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if packaged is not None:
+            tokenizer.chat_template = fixed_chat_template(packaged, tokenizer.chat_template)
         tokenizer.save_pretrained(str(out))
         if not with_weights:
             return
@@ -197,7 +202,9 @@ def resolve_model_dir(spec: str) -> Path:
         return _build_once("tiny-random", _build_tiny_random)
     packaged = PACKAGED_MODELS.get(spec)
     if packaged is not None:
-        return _build_once(spec, lambda tmp: _convert_gguf(packaged_gguf(packaged), tmp))
+        return _build_once(
+            spec, lambda tmp: _convert_gguf(packaged_gguf(packaged), tmp, packaged=packaged)
+        )
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():

