@@ -85,6 +85,28 @@ BUILTIN: dict[str, ModelDefaults] = {
         demo_objective="rl",
         demo_turns_per_update=24,
     ),
+    # Qwen2.5-Coder instruct models: no demo has run on them yet. Real language to protect,
+    # so smollm2's anchor and gate bound. Asked the demo's topic questions (greedy, 16
+    # topics), both said ~41 words in the first 48 tokens and ended on their own after
+    # 60-95+ tokens: smollm2's budget and word limits give them the same room to learn
+    # brevity, and a longer budget costs decode time on models 4-11 times smollm2's size.
+    # (`demo_objective` only because the dataclass still requires it.)
+    "qwen2.5-coder-0.5b": ModelDefaults(
+        kl_coef=0.1,
+        gate_max_kl=1.0,
+        reply_tokens=48,
+        word_limits=(20, 25, 30),
+        has_language=True,
+        demo_objective="rl",
+    ),
+    "qwen2.5-coder-1.5b": ModelDefaults(
+        kl_coef=0.1,
+        gate_max_kl=1.0,
+        reply_tokens=48,
+        word_limits=(20, 25, 30),
+        has_language=True,
+        demo_objective="rl",
+    ),
 }
 # Any other model's demo runs with smollm2's environment (`DEMO_ENV`), pacing included.
 FALLBACK = ModelDefaults(
