@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,16 @@ def _key(record: dict[str, Any]) -> str:
 
 def audit_turns(client: redis.Redis, served: list[Served]) -> dict[str, Any]:
     """Served turns against `liveloop:turns`: lost, duplicated, out of order per session."""
+    return audit_turn_entries(entries(client, "turns"), served)
+
+
+def audit_turn_entries(recorded: Iterable[dict[str, Any]], served: list[Served]) -> dict[str, Any]:
+    """Served turns against the fields of the recorded turn entries, oldest first (the
+    stream's, or the retention archive's followed by the stream's)."""
     keys: Counter[str] = Counter()
     order: dict[str, list[int]] = defaultdict(list)
     trainable: list[str] = []
-    for fields in entries(client, "turns"):
+    for fields in recorded:
         record = json.loads(fields["data"])
         key = _key(record)
         keys[key] += 1

@@ -37,23 +37,20 @@ from bench.traffic import Traffic
 CONFIG: dict[str, Any] = {
     "prm": {
         "next_state_timeout_s": 2.0,
-        "claim_idle_ms": 2000,
+        "consumer": {"name": "judge-0", "claim_idle_ms": 2000},
         "sweep_interval_s": 0.2,
-        "consumer_name": "judge-0",
         "rules": {"timeout_score": 0.0},  # every turn gets a score, silence included
     },
     "collector": {
         "min_turns": 4,
         "max_wait_s": 1.0,
         "group_wait_s": 0.2,
-        "claim_idle_ms": 5000,
-        "consumer_name": "collector-0",
+        "consumer": {"name": "collector-0", "claim_idle_ms": 5000},
         "inline_max_bytes": 1024,  # batches by reference: a batch write takes a file write
     },
     "max_staleness": 1_000_000,  # every judged turn must reach a batch
     "trainer": {
-        "consumer_name": "trainer-0",
-        "claim_idle_ms": 5000,
+        "consumer": {"name": "trainer-0", "claim_idle_ms": 5000},
         "read_block_ms": 200,
         "keep_checkpoints": 3,
         "minibatches": 1,
@@ -138,9 +135,8 @@ def consumer_idle_ms(client: redis.Redis, loop: str) -> int | None:
         consumers: Any = client.xinfo_consumers(f"liveloop:{stream}", group)
     except redis.ResponseError:
         return None
-    name = CONFIG[{"judge": "prm", "collect": "collector", "train": "trainer"}[loop]][
-        "consumer_name"
-    ]
+    section = CONFIG[{"judge": "prm", "collect": "collector", "train": "trainer"}[loop]]
+    name = section["consumer"]["name"]
     return next((int(c["idle"]) for c in consumers if c["name"] == name), None)
 
 

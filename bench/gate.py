@@ -26,9 +26,11 @@ from typing import Any
 from liveloop.config import JudgeConfig, SharedSettings
 from liveloop.config.gate import GateSettings
 from liveloop.config.trainer import LoraSettings
-from liveloop.trainer.gate import PromotionGate, build_panel
+from liveloop.demo.gate_probes import HeldOutUsers
+from liveloop.probe_sources import ProbeContext
 from liveloop.trainer.policy import Policy, load_policy
-from liveloop.trainer.probes import judge_replies, reply_logprobs
+from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
+from liveloop.trainer.safeguards.probing import judge_replies, reply_logprobs
 
 
 def nudged_lora_policy(model: str, seed: int) -> Policy:
@@ -78,7 +80,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     policy = nudged_lora_policy(args.model, seed=0)
     shared = SharedSettings(model=args.model)
-    gate = PromotionGate(args.model, GateSettings(), build_panel(JudgeConfig(), shared))
+    cfg = GateSettings(probe_source="demo")
+    held_out = HeldOutUsers(ProbeContext(cfg, shared))
+    gate = PromotionGate(args.model, cfg, build_panel(JudgeConfig(), shared), held_out)
+    gate.probes = asyncio.run(held_out.draw())
     export_s, exported = timed(policy.export)
     ways = {"peft_policy": policy.model, "exported_weights": exported}
     asyncio.run(gate.probe(policy, 1, exported))  # warm-up: prompts rendered, kernels loaded

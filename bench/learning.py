@@ -27,22 +27,34 @@ threshold.
 free-running users, and reports the wall-clock minutes to the threshold: the end-to-end form of the asynchronous
 speed-up that `bench/async_vs_sync.py` measures against a simulated generator.
 
-Each run takes minutes (tiny-random: 2-4; smollm2-135m: 10-20 on a small CPU), so the budget
-is a flag. Results are also written, as they come, to `--out` (default: learning.json in
-the working directory), so a long sweep can be read while it runs.
+An arm is an objective with its teacher settings, named: `--arm NAME:OBJECTIVE[:KEY=VALUE...]`
+(KEY a field of `trainer.opd`, e.g. `teacher=model`, `teacher_model=qwen2.5-coder-1.5b`,
+`advantage=contrastive`); `--objectives rl,combine` is shorthand for arms named after their
+objective. The comparison is the second arm against the first (or `--compare A,B`).
+
+Runs take minutes to an hour, so the budget is a flag. Results are also written, as they
+come, to `--out` (default: learning.json in the working directory), with the date, the
+commit, the machine and the command, so a long sweep can be read while it runs.
 
     python bench/learning.py --models tiny-random --seeds 0,1,2 --turns 400
     python bench/learning.py --models smollm2-135m --seeds 0,1,2 --turns 300 --staleness
+    python bench/learning.py --models qwen2.5-coder-0.5b --arm rl:rl \
+        --arm big:combine:teacher=model:teacher_model=qwen2.5-coder-1.5b:advantage=contrastive
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(ROOT)
 
-from liveloop.config import load_settings  # noqa: E402
+from liveloop.config import load_settings, presets  # noqa: E402
 from liveloop.demo.run import objective_figures, run_objective  # noqa: E402
 from liveloop.valkey import free_port_block  # noqa: E402
 
@@ -59,12 +71,47 @@ from liveloop.valkey import free_port_block  # noqa: E402
 THRESHOLDS = {"tiny-random": 0.25, "smollm2-135m": 0.25}
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One thing compared: an objective and its `trainer.opd` settings, under a name."""
+
+    name: str
+    objective: str
+    opd: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Arm:
+        """`NAME:OBJECTIVE[:KEY=VALUE...]`."""
+        name, objective, *pairs = text.split(":")
+        opd = dict(p.split("=", 1) for p in pairs)
+        return cls(name, objective, opd)
+
+    def env(self) -> dict[str, str]:
+        """Its `trainer.opd` settings as the loops' environment."""
+        return {f"LIVELOOP_TRAINER__OPD__{k.upper()}": v for k, v in self.opd.items()}
+
+
+def provenance() -> dict[str, Any]:
+    """When, from which commit, on what machine, by which command."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "command": " ".join(["python", *sys.argv]),
+    }
+
+
 def run_one(
-    model: str, objective: str, seed: int, args: argparse.Namespace, extra_env: dict[str, str]
+    model: str, arm: Arm, seed: int, args: argparse.Namespace, extra_env: dict[str, str]
 ) -> dict[str, Any]:
     """One end-to-end run; its figures."""
+    objective = arm.objective
     threshold = args.threshold if args.threshold is not None else THRESHOLDS.get(model, 0.25)
+    files = [presets.demo_preset(model, args.preset)]  # the demo's tuning, as `liveloop demo`
     settings = load_settings(
+        files,
         model=model,
         port=free_port_block(),
         demo={
@@ -80,22 +127,29 @@ def run_one(
         env = {
             "LIVELOOP_TRAINER__GATE__ENABLED": "true" if args.gate == "on" else "false",
             "LIVELOOP_TRAINER__MICRO_BATCH_TOKENS": str(args.micro_batch_tokens),
+            **arm.env(),
             **extra_env,
         }
         run = run_objective(
             settings,
             objective,
             Path(scratch) / "run",
+            config_files=files,
             quiet=True,
             extra_env=env,
             max_judged_turns=args.turns,
             turns_per_update=args.pace,
         )
     figures = objective_figures(run.summary)
+    reactions = run.summary.get("reactions") or {}
     figures.update(
         model=model,
+        arm=arm.name,
         objective=objective,
+        opd=arm.opd,
         seed=seed,
+        tool_use=reactions.get("tool_use"),
+        served_per_version=_served_per_version(run.summary),
         seconds=time.monotonic() - started,
         platform_quality=_platform_quality(run.summary),
         rejected_versions=run.summary.get("rejected_versions") or [],
@@ -104,6 +158,16 @@ def run_one(
         scores=[t.score for t in run.turns],  # in judged order: thresholds can be recomputed
     )
     return figures
+
+
+def _served_per_version(summary: dict[str, Any]) -> dict[str, Any]:
+    """Each version's served replies: judged reward, words, reference NLL and KL."""
+    keys = ("judged", "mean_reward", "mean_reply_words", "ref_nll", "kl_ref")
+    return {
+        version: {k: (entry.get("served") or {}).get(k) for k in keys}
+        for version, entry in (summary.get("platform") or {}).items()
+        if entry.get("served")
+    }
 
 
 def _platform_quality(summary: dict[str, Any]) -> dict[str, Any]:
@@ -135,15 +199,29 @@ def spread(values: list[float | None]) -> dict[str, Any]:
     }
 
 
+def _last_tool_rate(run: dict[str, Any]) -> float | None:
+    """The share of weather questions answered after a tool call, by the last version that
+    answered any."""
+    by_version = run.get("tool_use") or {}
+    if not by_version:
+        return None
+    last = max(by_version, key=int)
+    rate = by_version[last]["tool_call_rate"]
+    return float(rate) if rate is not None else None
+
+
 def aggregate(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    """Per objective: spread over seeds of each figure (unreached threshold = the budget)."""
+    """Per arm: spread over seeds of each figure (unreached threshold = the budget)."""
     out: dict[str, Any] = {}
-    for objective in dict.fromkeys(r["objective"] for r in runs):
-        mine = [r for r in runs if r["objective"] == objective]
+    for name in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == name]
         reached = [r["turns_to_threshold"] for r in mine]
         training = [r.get("training") or {} for r in mine]
-        out[objective] = {
+        out[name] = {
+            "objective": mine[0]["objective"],
+            "opd": mine[0]["opd"],
             "seeds": [r["seed"] for r in mine],
+            "last_version_tool_call_rate": spread([_last_tool_rate(r) for r in mine]),
             "turns_to_threshold": spread(reached),
             "turns_to_threshold_capped": spread([t or budget for t in reached]),
             "improvement": spread([r["improvement"] for r in mine]),
@@ -181,7 +259,11 @@ def compare(per_objective: dict[str, Any], a: str = "combine", b: str = "rl") ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="tiny-random")
-    parser.add_argument("--objectives", default="rl,opd,combine")
+    parser.add_argument("--objectives", default="rl,opd,combine", help="arms named by objective")
+    parser.add_argument(
+        "--arm", action="append", help="NAME:OBJECTIVE[:KEY=VALUE...] (repeatable; see above)"
+    )
+    parser.add_argument("--compare", help="A,B: arm A against arm B (default: 2nd vs 1st)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--turns", type=int, default=400, help="judged turns per run")
     parser.add_argument("--window", type=int, default=32, help="turns per reward window")
@@ -197,6 +279,9 @@ def main() -> None:
     )
     parser.add_argument("--gate", choices=("on", "off"), default="on", help="promotion gate")
     parser.add_argument(
+        "--preset", help="demo preset (name or .toml) of every run (default: each model's own)"
+    )
+    parser.add_argument(
         "--micro-batch-tokens",
         type=int,
         default=1024,
@@ -207,20 +292,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("learning.json"))
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
-    objectives = [o for o in args.objectives.split(",") if o]
+    arms = [Arm.parse(a) for a in args.arm] if args.arm else [
+        Arm(o, o) for o in args.objectives.split(",") if o
+    ]  # fmt: skip
+    a, b = args.compare.split(",") if args.compare else (arms[-1].name, arms[0].name)
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "models": {}}
+    result: dict[str, Any] = {
+        **provenance(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "models": {},
+    }
     for model in models:
         runs: list[dict[str, Any]] = []
         for seed in seeds:
-            for objective in objectives:
-                runs.append(run_one(model, objective, seed, args, {}))
+            for arm in arms:
+                runs.append(run_one(model, arm, seed, args, {}))
                 per = aggregate(runs, args.turns)
-                result["models"][model] = {"runs": runs, "per_objective": per}
-                result["models"][model]["combine_vs_rl"] = compare(per)
+                result["models"][model] = {"runs": runs, "per_arm": per}
+                result["models"][model][f"{a}_vs_{b}"] = compare(per, a, b)
                 args.out.write_text(json.dumps(result, indent=2))
     if args.staleness:
         model = args.staleness_model or models[0]
+        winner = next(arm for arm in arms if arm.name == a)
         pairs: dict[str, list[dict[str, Any]]] = {"max_staleness 0": [], "default": []}
         free = argparse.Namespace(**{**vars(args), "pace": 0})  # wall clock: users never wait
         for seed in seeds:
@@ -228,9 +321,10 @@ def main() -> None:
                 ("max_staleness 0", {"LIVELOOP_MAX_STALENESS": "0"}),
                 ("default", {}),
             ):
-                pairs[label].append(run_one(model, "combine", seed, free, env))
+                pairs[label].append(run_one(model, winner, seed, free, env))
                 result["staleness"] = {
                     "model": model,
+                    "arm": winner.name,
                     **{
                         label: {
                             "minutes_to_threshold": spread(

@@ -75,9 +75,9 @@ class Collector:
             client,
             bus.SCORED,
             bus.COLLECTOR_GROUP,
-            cfg.consumer_name,
-            claim_idle_ms=cfg.claim_idle_ms,
-            count=cfg.read_count,
+            cfg.consumer.name,
+            claim_idle_ms=cfg.consumer.claim_idle_ms,
+            count=cfg.consumer.read_count,
         )
         self.versions = trainer_version or TrainerVersion(client, poll_s=cfg.version_poll_s)
         self.writer = BatchWriter(client, shared.data_dir, cfg.inline_max_bytes)
@@ -248,7 +248,7 @@ class Collector:
     async def _keep_held(self, now: float) -> None:
         """Turns may be held for a while (the trainer's queue is full): keep their entries
         from looking idle, so that no other collector reclaims them meanwhile."""
-        if self.held and now - self._kept_alive_at >= self.cfg.claim_idle_ms / 4000:
+        if self.held and now - self._kept_alive_at >= self.cfg.consumer.claim_idle_ms / 4000:
             self._kept_alive_at = now
             await self.consumer.keep_alive()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -10,11 +11,12 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from liveloop import bus
+from liveloop.bus.retention import start_retention
 from liveloop.collector.loop import Collector
 from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.versions import TrainerVersion
-from liveloop.config import CollectorConfig, SharedSettings
-from liveloop.probes import LoopProbes
+from liveloop.config import CollectorConfig, RetentionSettings, SharedSettings
+from liveloop.health import LoopHealth
 from liveloop.registry import Registry
 from liveloop.streamstats import StreamStateCollector
 
@@ -40,8 +42,13 @@ class RegistryVersion:
             self._registry.close()
 
 
-async def serve(shared: SharedSettings, cfg: CollectorConfig, metrics: CollectorMetrics) -> None:
-    """Run the collector until SIGINT/SIGTERM."""
+async def serve(
+    shared: SharedSettings,
+    cfg: CollectorConfig,
+    metrics: CollectorMetrics,
+    retention: RetentionSettings | None = None,
+) -> None:
+    """Run the collector (and stream retention, when given and enabled) until SIGINT/SIGTERM."""
     client = await bus.connect(shared.require_redis("collect"))
     registry_version = RegistryVersion(shared.effective_db_url)
     versions = TrainerVersion(client, poll_s=cfg.version_poll_s, registry_latest=registry_version)
@@ -52,25 +59,36 @@ async def serve(shared: SharedSettings, cfg: CollectorConfig, metrics: Collector
     handle = threading.current_thread() is threading.main_thread()
     for sig in signals if handle else ():
         loop.add_signal_handler(sig, collector.stop)
+    # Retention runs here: one light background task (a pass a minute, under a Redis lock
+    # so that several collectors never trim at once), away from serving and judging.
+    background = None
+    if retention is not None:
+        background = start_retention(client, retention, shared.data_dir, metrics.registry)
     try:
         await collector.run()
     finally:
+        if background is not None:
+            background.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await background
         for sig in signals if handle else ():
             loop.remove_signal_handler(sig)
         registry_version.close()
         await client.aclose()
 
 
-def run(shared: SharedSettings, cfg: CollectorConfig) -> None:
-    """Collect until stopped."""
+def run(
+    shared: SharedSettings, cfg: CollectorConfig, retention: RetentionSettings | None = None
+) -> None:
+    """Collect (and archive and trim the streams, see `liveloop.bus.retention`) until stopped."""
     metrics = CollectorMetrics(CollectorRegistry())
-    probes = LoopProbes(metrics.registry, shared.redis_url)
+    health = LoopHealth(metrics.registry, shared.redis_url)
     if shared.metrics_port is not None:
         if shared.redis_url:  # the bus's own state (lag, pending, dead letters) rides along
             metrics.registry.register(StreamStateCollector(shared.redis_url))
-        probes.start(shared.metrics_port, shared.host)
+        health.start(shared.metrics_port, shared.host)
     try:
-        probes.mark_ready()
-        asyncio.run(serve(shared, cfg, metrics))
+        health.mark_ready()
+        asyncio.run(serve(shared, cfg, metrics, retention))
     finally:
-        probes.stop()
+        health.stop()

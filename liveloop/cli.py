@@ -9,12 +9,13 @@ gets the API and admin keys.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from liveloop.config import ConfigError, LiveLoopSettings, load_settings
+from liveloop.config import ConfigError, LiveLoopSettings, load_settings, presets
 from liveloop.logs import setup_logging
 from liveloop.model_packages import PACKAGED_MODELS
 
@@ -40,7 +41,12 @@ class CliError(Exception):
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="TOML config file")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        action="append",
+        help="TOML config file (repeatable: a later file overrides an earlier one)",
+    )
     for flag, help_text, kind in COMMON_FLAGS:
         parser.add_argument(flag, type=kind, help=help_text)
 
@@ -71,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmds["demo"].add_argument(
         "--objective",
         help="training objective(s), comma-separated, run one after the other: rl, opd, "
-        "combine (default: the model's, see liveloop.config.defaults)",
+        "combine (default: the preset's)",
+    )
+    cmds["demo"].add_argument(
+        "--preset",
+        help="demo preset: a name (" + ", ".join(presets.available()) + ") or a .toml file "
+        "(default: the model's own preset, else smollm2-135m's)",
     )
     cmds["eval"].add_argument(
         "--version", type=int, help="also replay held-out users against this policy version"
@@ -86,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     judge.add_argument("--judge", action="append", help="judge name for --replay (repeatable)")
     judge.add_argument("--from", dest="from_id", default="-", help="first stream id to replay")
     judge.add_argument("--to-stream", help="stream to write replayed scores to")
+    judge.add_argument(
+        "--archive",
+        nargs="?",
+        const="",
+        type=str,
+        metavar="PATH",
+        help="--replay reads the turns archived by retention first (default PATH: "
+        "retention.archive_dir, or <data-dir>/archive)",
+    )
     return parser
 
 
@@ -145,7 +165,22 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
     server = _engine_overrides(args)
     if server:
         overrides["server"] = server
-    return load_settings(args.config, **overrides)
+    files = config_files(args, load_settings(args.config, **overrides).model)
+    return load_settings(files, **overrides)
+
+
+def config_files(args: argparse.Namespace, model: str) -> list[Path]:
+    """The TOML files a command reads: yours, under the demo's preset for `demo`."""
+    files = list(args.config or [])
+    if args.command == "demo":
+        files.insert(0, presets.demo_preset(model, args.preset))
+    return files
+
+
+def apply_threads(settings: LiveLoopSettings) -> None:
+    """`threads` as OMP_NUM_THREADS, before torch starts (a variable already set wins)."""
+    if settings.threads is not None:
+        os.environ.setdefault("OMP_NUM_THREADS", str(settings.threads))
 
 
 def _run_serve(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
@@ -158,17 +193,25 @@ def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.prm.main import ReplayOptions, run
 
     replay = None
+    if args.archive is not None and not args.replay:
+        raise CliError("--archive reads archived turns for --replay only")
     if args.replay:
         if not args.judge or not args.to_stream:
             raise CliError("--replay needs --judge NAME and --to-stream NAME")
-        replay = ReplayOptions(judges=args.judge, from_id=args.from_id, to_stream=args.to_stream)
+        archive = None
+        if args.archive is not None:
+            archive = Path(args.archive) if args.archive else None
+            archive = archive or settings.retention.archive_path(settings.data_dir)
+        replay = ReplayOptions(
+            judges=args.judge, from_id=args.from_id, to_stream=args.to_stream, archive=archive
+        )
     run(settings.shared(), settings.prm, replay=replay)
 
 
 def _run_collect(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.collector.main import run
 
-    run(settings.shared(), settings.collector)
+    run(settings.shared(), settings.collector, settings.retention)
 
 
 def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
@@ -180,13 +223,13 @@ def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 def _run_up(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.up import run_up
 
-    run_up(settings, config_file=args.config, quiet=args.quiet)
+    run_up(settings, config_files=config_files(args, settings.model), quiet=args.quiet)
 
 
 def _run_demo(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.demo.run import run_demo
 
-    run_demo(settings, config_file=args.config, quiet=args.quiet)
+    run_demo(settings, config_files=config_files(args, settings.model), quiet=args.quiet)
 
 
 def _run_eval(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
@@ -263,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from_args(args)
+        apply_threads(settings)
         setup_logging(settings.log_level, args.command)
         COMMANDS[args.command](settings, args)
     except KeyboardInterrupt:

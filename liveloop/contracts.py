@@ -7,6 +7,7 @@ readable with a plain XRANGE. Bump SCHEMA_VERSION on an incompatible change.
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +19,20 @@ SCHEMA_VERSION = 1
 TurnType = Literal["main", "side"]
 """'main': part of the conversation, trained on; 'side': a title, a summary, never trained on."""
 TURN_TYPES: tuple[TurnType, ...] = get_args(TurnType)
+
+
+class VersionStatus(StrEnum):
+    """Where a policy version stands: the trainer records it, the registry keeps it, the
+    weights announcement carries it, the servers obey it."""
+
+    ACCEPTED = "accepted"  # passed the promotion gate (or there is none): servable
+    REJECTED = "rejected"  # refused by the promotion gate: never served
+    ROLLED_BACK = "rolled_back"  # served, then judged worse by the served-quality watch
+
+    @property
+    def servable(self) -> bool:
+        """True for a version servers may load."""
+        return self is VersionStatus.ACCEPTED
 
 
 def parse_turn_type(value: str | None) -> TurnType:
@@ -76,6 +91,11 @@ class TurnRecord(Contract):
     completion_token_ids: list[int]
     logprobs: list[float] = Field(description="Behaviour log-prob of each completion token.")
     versions: list[int] = Field(description="Policy version that produced each completion token.")
+    adapter: str | None = Field(
+        None,
+        description="The LoRA adapter that served the turn (its versions are `versions`); "
+        "None: the base weights.",
+    )
     finish_reason: str
     model: str
     prompt_mode: Literal["fresh", "extended"] = Field(
@@ -187,6 +207,9 @@ class TrainingBatch(Contract):
     num_tokens: int
     samples: list[BatchSample] | None = None
     path: str | None = None
+    tenant: str | None = Field(
+        None, description="In tenant scope, the one tenant whose turns the batch holds."
+    )
 
 
 class WeightsAnnouncement(Contract):
@@ -197,13 +220,24 @@ class WeightsAnnouncement(Contract):
     parent: int | None = None
     created_at: float = Field(default_factory=time.time)
     metrics: dict[str, float] = Field(default_factory=dict)
-    status: Literal["accepted", "rejected"] = Field(
-        "accepted",
+    status: VersionStatus = Field(
+        VersionStatus.ACCEPTED,
         description="'rejected': the promotion gate refused this version; it is never served.",
     )
     reason: str | None = Field(None, description="Why a rejected version was refused.")
+    kind: Literal["full", "adapter"] = Field(
+        "full",
+        description="'full': `path` holds whole model weights; 'adapter': a LoRA adapter in "
+        "the PEFT layout, served over the unchanged base model.",
+    )
+    adapter: str | None = Field(
+        None, description="The adapter's name (kind 'adapter'); its versions are this field's."
+    )
+    tenant: str | None = Field(
+        None, description="The tenant whose adapter this is (tenant scope); None: shared."
+    )
 
     @property
     def servable(self) -> bool:
         """True for a version servers may load (every accepted one)."""
-        return self.status == "accepted"
+        return self.status.servable

@@ -74,12 +74,12 @@ class Supervisor:
         self,
         settings: LiveLoopSettings,
         *,
-        config_file: Path | None = None,
+        config_files: list[Path] | None = None,
         loops: tuple[str, ...] = LOOPS,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings
-        self.config_file = config_file
+        self.config_files = list(config_files or [])
         self.loop_names = loops
         self.extra_env = extra_env or {}
         self.valkey: EmbeddedValkey | None = None
@@ -110,8 +110,8 @@ class Supervisor:
         argv += ["--data-dir", str(s.data_dir), "--redis-url", self.redis_url]
         argv += ["--host", s.host, "--port", str(s.port), "--log-level", s.log_level]
         argv += ["--db-url", s.effective_db_url]
-        if self.config_file is not None:
-            argv += ["--config", str(self.config_file)]
+        for path in self.config_files:
+            argv += ["--config", str(path)]
         if loop != "serve":
             argv += ["--metrics-port", str(self.metrics_port(loop))]
         return argv
@@ -126,9 +126,8 @@ class Supervisor:
         Registry.open(self.settings.effective_db_url).close()
         env = dict(os.environ, **self.extra_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # The loops share the machine's cores: idle OpenMP workers sleep instead of spinning.
-        # A spinning trainer next to the decoding engine ran one update in 52 s instead of
-        # 9 s alone (18 s with its workers sleeping), while the engine decoded at half speed.
+        # The loops share the machine's cores: idle OpenMP workers sleep instead of spinning
+        # (a spinning trainer beside the decoding engine slows both down several-fold).
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         for name in self.loop_names:
             proc = LoopProcess(

@@ -12,10 +12,10 @@ from liveloop.supervisor import Supervisor
 
 
 def run_up(
-    settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
+    settings: LiveLoopSettings, *, config_files: list[Path] | None = None, quiet: bool = False
 ) -> None:
     """Run all four loops until Ctrl-C or SIGTERM; shows a live view unless quiet."""
-    supervisor = Supervisor(settings, config_file=config_file)
+    supervisor = Supervisor(settings, config_files=config_files)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

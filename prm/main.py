@@ -12,17 +12,19 @@ import json
 import logging
 import signal
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from liveloop import bus
+from liveloop.bus.archive import Archive
 from liveloop.config import ConfigError, JudgeConfig, SharedSettings
+from liveloop.health import LoopHealth
 from liveloop.prm.judges.registry import load_judges
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
 from liveloop.prm.replay import Replayer, ReplayStats
 from liveloop.prm.service import JudgeService
-from liveloop.probes import LoopProbes
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +33,13 @@ PROTECTED_STREAMS = bus.STREAMS
 
 @dataclass
 class ReplayOptions:
-    """`--replay`: which judges re-score turns from which stream id, into which stream."""
+    """`--replay`: which judges re-score turns from which stream id, into which stream; with
+    `archive`, the turns retention archived there are read first."""
 
     judges: list[str]
     from_id: str = "-"
     to_stream: str = "replay"
+    archive: Path | None = None
 
 
 def _check_replay(options: ReplayOptions) -> None:
@@ -44,6 +48,8 @@ def _check_replay(options: ReplayOptions) -> None:
     target = bus.stream_key(options.to_stream)
     if target in {bus.stream_key(s) for s in PROTECTED_STREAMS}:
         raise ConfigError(f"--to-stream must be a separate stream, not {target}")
+    if options.archive is not None and not options.archive.is_dir():
+        raise ConfigError(f"--archive {options.archive} is not a directory")
 
 
 def run(
@@ -59,9 +65,9 @@ def run(
     judges = load_judges(weights, judging, shared)
     registry = CollectorRegistry()
     metrics = PrmMetrics(registry)
-    probes = LoopProbes(registry, redis_url)
+    health = LoopHealth(registry, redis_url)
     if shared.metrics_port is not None:
-        probes.start(shared.metrics_port, shared.host)
+        health.start(shared.metrics_port, shared.host)
     panel = JudgePanel(
         judges, metrics, timeout_s=judging.judge_timeout_s, hint_chars=judging.hint_chars
     )
@@ -72,10 +78,10 @@ def run(
             summary["errors"] = summary["errors"][:5]
             print(json.dumps({"replay": summary, "to_stream": bus.stream_key(replay.to_stream)}))
         else:
-            probes.mark_ready()
+            health.mark_ready()
             asyncio.run(_serve(redis_url, judging, panel, metrics))
     finally:
-        probes.stop()
+        health.stop()
 
 
 async def _close_judges(panel: JudgePanel) -> None:
@@ -89,7 +95,9 @@ async def _close_judges(panel: JudgePanel) -> None:
 async def _replay(url: str, panel: JudgePanel, options: ReplayOptions) -> ReplayStats:
     client = await bus.connect(url)
     try:
-        return await Replayer(client, panel, options.to_stream).run(options.from_id)
+        archive = Archive(options.archive) if options.archive is not None else None
+        replayer = Replayer(client, panel, options.to_stream, archive=archive)
+        return await replayer.run(options.from_id)
     finally:
         await _close_judges(panel)
         await client.aclose()

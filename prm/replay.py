@@ -1,16 +1,19 @@
 """Replay: re-score historical turns with other judges into a separate stream.
 
-Reads `liveloop:turns` with XRANGE from a given id, pairs each main turn with the next main
-turn of its session found in the stream itself (and with explicit feedback from
-`liveloop:feedback`), judges each turn with the given judges and writes ScoredTurns to the
-target stream, exactly once per turn key, so re-running a replay adds nothing twice. Turns
-without a successor are judged with no next state. The live consumer groups are untouched.
+Reads `liveloop:turns` with XRANGE from a given id (given the retention archive, the turns
+archived and trimmed from the stream first, then the stream's, each id once), pairs each
+main turn with the next main turn of its session found in that history (and with explicit
+feedback from `liveloop:feedback` and its archive), judges each turn with the given judges
+and writes ScoredTurns to the target stream, exactly once per turn key, so re-running a
+replay adds nothing twice. Turns without a successor are judged with no next state. The
+live consumer groups are untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +21,7 @@ import redis.asyncio as aredis
 from pydantic import ValidationError
 
 from liveloop import bus
+from liveloop.bus.archive import Archive
 from liveloop.contracts import Feedback, TurnRecord
 from liveloop.prm.judges.base import JudgeError, JudgeRequest, NextState
 from liveloop.prm.nextstate import new_messages
@@ -34,6 +38,7 @@ class ReplayStats:
     """Counts of one replay run."""
 
     read: int = 0
+    from_archive: int = 0
     scored: int = 0
     duplicate: int = 0
     unscored: int = 0
@@ -45,7 +50,8 @@ class ReplayStats:
 
 
 class Replayer:
-    """Streams historical turns through a judge panel into `to_stream`."""
+    """Streams historical turns (archived ones first, given an archive) through a judge panel
+    into `to_stream`."""
 
     def __init__(
         self,
@@ -55,8 +61,10 @@ class Replayer:
         *,
         batch: int = 512,
         attempts: int = 3,
+        archive: Archive | None = None,
     ) -> None:
         self.client = client
+        self.archive = archive
         self.panel = panel
         self.to_stream = bus.stream_key(to_stream)
         self.batch = batch
@@ -68,26 +76,40 @@ class Replayer:
     async def run(self, from_id: str = "-") -> ReplayStats:
         """Replay every turn from `from_id` (inclusive) to the end of the stream."""
         await self._load_feedback()
-        start = from_id
-        while True:
-            entries: Any = await self.client.xrange(
-                bus.stream_key(bus.TURNS), min=start, count=self.batch
-            )
-            if not entries:
-                break
+        async for entries in self._turn_pages(from_id):
             ready: list[tuple[TurnRecord, NextState]] = []
             for entry_id, fields in entries:
-                ready += self._take(entry_id, fields)
+                ready += self._take(str(entry_id), fields)
             await self._score(ready)
             self.stats.last_id = str(entries[-1][0])
-            start = "(" + self.stats.last_id
         rest = [t for turns in self._open.values() for t in turns]
         self._open.clear()
         await self._score([(t, NextState(feedback=self._feedback.get(_group(t)))) for t in rest])
         return self.stats
 
+    async def _turn_pages(self, from_id: str) -> AsyncIterator[list[Any]]:
+        """Pages of (id, fields) from `from_id` on: the archive's, then Redis' after them."""
+        start = from_id
+        if self.archive is not None:
+            for page in self.archive.pages(bus.stream_key(bus.TURNS), from_id, self.batch):
+                self.stats.from_archive += len(page)
+                yield page
+                start = "(" + page[-1][0]
+        while True:
+            entries: Any = await self.client.xrange(
+                bus.stream_key(bus.TURNS), min=start, count=self.batch
+            )
+            if not entries:
+                return
+            yield entries
+            start = "(" + str(entries[-1][0])
+
     async def _load_feedback(self) -> None:
-        history: Any = await self.client.xrange(bus.stream_key(bus.FEEDBACK))
+        history: list[Any] = []
+        if self.archive is not None:
+            history += self.archive.entries(bus.stream_key(bus.FEEDBACK))
+        live: Any = await self.client.xrange(bus.stream_key(bus.FEEDBACK))
+        history += live
         for _id, fields in history:
             try:
                 fb = bus.decode(fields, Feedback)

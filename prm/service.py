@@ -45,7 +45,7 @@ class JudgeService:
         self.config = config
         self.panel = panel
         self.metrics = metrics
-        name = consumer_name or config.consumer_name or bus.default_consumer_name()
+        name = consumer_name or config.consumer.name or bus.default_consumer_name()
         self.store = PairingStore(
             client,
             timeout_s=config.next_state_timeout_s,
@@ -73,9 +73,9 @@ class JudgeService:
             stream,
             keys.PRM_GROUP,
             name,
-            claim_idle_ms=self.config.claim_idle_ms,
+            claim_idle_ms=self.config.consumer.claim_idle_ms,
             max_attempts=self.config.max_attempts,
-            count=self.config.read_count,
+            count=self.config.consumer.read_count,
             dead_letter_stream=dlq,
             backoff_max_s=self.config.retry_backoff_max_s,
             delete_acked=delete_acked,
@@ -137,7 +137,7 @@ class JudgeService:
 
     async def _keep_alive_once(self) -> None:
         await self.ready.keep_alive()
-        await self._nap(self.config.claim_idle_ms / 3000)
+        await self._nap(self.config.consumer.claim_idle_ms / 3000)
 
     async def _score_once(self) -> None:
         """Start one batch of ready jobs, keeping at most `max_inflight_batches` running."""

@@ -43,7 +43,9 @@ class PolicyVersionHeader:
         async def send_with_version(message: Message) -> None:
             if message["type"] == "http.response.start" and self.state.has_engine:
                 headers = list(message.get("headers", []))
-                headers.append((b"x-policy-version", str(self.state.engine.version).encode()))
+                if not any(name.lower() == b"x-policy-version" for name, _v in headers):
+                    version = str(self.state.engine.version).encode()
+                    headers.append((b"x-policy-version", version))
                 message = {**message, "headers": headers}
             await send(message)
 

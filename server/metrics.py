@@ -7,9 +7,14 @@ queued requests, policy version) read it on scrape through callbacks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from liveloop.labels import TopLabels
+
+ADAPTER_LABELS = 10  # adapters named in metrics; the rest count as 'other'
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -67,6 +72,24 @@ class ServerMetrics:
         self.errors = Counter(
             "liveloop_errors", "Error responses by type.", ["type"], registry=registry
         )
+        self.adapter_requests = Counter(
+            "liveloop_adapter_requests",
+            "Chat requests by the LoRA adapter they ran on ('base': none; the busiest "
+            f"{ADAPTER_LABELS} adapters by name, the rest as 'other').",
+            ["adapter"],
+            registry=registry,
+        )
+        self.adapter_labels = TopLabels(ADAPTER_LABELS, self._drop_adapter)
+
+    def _drop_adapter(self, name: str) -> None:
+        with contextlib.suppress(KeyError):
+            self.adapter_requests.remove(name)
+
+    def count_adapter_request(self, adapter: str | None) -> None:
+        """One request on `adapter` (None: the base), under a bounded label."""
+        self.adapter_requests.labels(
+            "base" if adapter is None else self.adapter_labels.label(adapter)
+        ).inc()
 
     def _gauges(self, registry: CollectorRegistry) -> None:
         self.running = Gauge(

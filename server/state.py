@@ -191,6 +191,7 @@ class ServerState:
             model_name=self.model_name,
             model_aliases={self.shared.model},
             capture_enabled=lambda: self.capture,
+            adapters=self.follower.routing,
         )
 
     async def close(self) -> None:

@@ -355,7 +355,7 @@ async def test_redelivered_turns_are_batched_once(
     await publish_turns(aredis_client, turns)
     # Collector "a" reads the turns and dies before batching them (group still open).
     first = await make_collector(
-        aredis_client, redis_url, data_dir, group_wait_s=60.0, claim_idle_ms=300_000
+        aredis_client, redis_url, data_dir, group_wait_s=60.0, consumer={"claim_idle_ms": 300_000}
     )
     first.consumer.consumer = "a"
     await first.step(block_ms=20)

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis
 
 from liveloop import bus
-from liveloop.config import load_settings
+from liveloop.cli import build_parser, settings_from_args
+from liveloop.config import LiveLoopSettings
 from liveloop.demo.pacing import Pacer
-from liveloop.demo.run import _child_env, demo_pacing
+from liveloop.demo.run import _child_env
+
+
+def demo_settings(*flags: str, **env: str) -> LiveLoopSettings:
+    """The settings `liveloop demo <flags>` runs with: its preset, under flags."""
+    return settings_from_args(build_parser().parse_args(["demo", *flags]))
 
 
 def _add(client: redis.Redis, stream: str, n: int) -> None:
@@ -56,13 +63,19 @@ def test_a_wait_that_no_version_ends_gives_up_and_is_counted(redis_url: str) -> 
         client.close()
 
 
-def test_smollm2_demo_users_are_paced_by_default_and_a_batch_ships_at_one_versions_turns() -> None:
-    smollm2 = load_settings(model="smollm2-135m")
-    assert demo_pacing(smollm2) == 24
+def test_smollm2_demo_users_are_paced_by_default_and_a_batch_ships_at_one_versions_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    smollm2 = demo_settings("--model", "smollm2-135m")
+    assert smollm2.demo.turns_per_update == 24
     assert _child_env(smollm2, "key", 24)["LIVELOOP_COLLECTOR__MIN_TURNS"] == "24"
-    assert demo_pacing(load_settings(model="tiny-random")) == 0  # free-running
-    assert demo_pacing(load_settings(model="some/other-model")) == 24  # smollm2's demo settings
-    assert demo_pacing(load_settings(model="smollm2-135m", demo={"turns_per_update": 0})) == 0
-    asked = load_settings(model="tiny-random", demo={"turns_per_update": 12})
-    assert demo_pacing(asked) == 12
-    assert _child_env(asked, "key", 0)["LIVELOOP_COLLECTOR__MIN_TURNS"] == "16"  # not paced
+    assert demo_settings("--model", "tiny-random").demo.turns_per_update == 0  # free-running
+    other = demo_settings("--model", "some/other-model")  # smollm2's preset, another model
+    assert other.demo.turns_per_update == 24 and other.model == "some/other-model"
+    monkeypatch.setenv("LIVELOOP_DEMO__TURNS_PER_UPDATE", "0")
+    assert demo_settings("--model", "smollm2-135m").demo.turns_per_update == 0
+    monkeypatch.setenv("LIVELOOP_DEMO__TURNS_PER_UPDATE", "12")
+    asked = demo_settings("--model", "tiny-random")
+    assert asked.demo.turns_per_update == 12
+    assert "LIVELOOP_COLLECTOR__MIN_TURNS" not in _child_env(asked, "key", 0)  # not paced
+    assert asked.collector.min_turns == 16  # the preset's batch size

@@ -9,7 +9,7 @@ import pytest
 
 from liveloop.config import load_settings
 from liveloop.demo.curves import moving_mean, turns_to_threshold, window_means
-from liveloop.demo.measures import user_reactions
+from liveloop.demo.measures import tool_use_by_version, user_reactions
 from liveloop.demo.report import (
     JudgedTurn,
     headline,
@@ -19,6 +19,7 @@ from liveloop.demo.report import (
 )
 from liveloop.demo.run import demo_objectives, objective_figures
 from liveloop.demo.users import TurnLog
+from tests.test_demo_pacing import demo_settings
 
 
 def test_curves_by_hand() -> None:
@@ -100,9 +101,9 @@ def test_report_compares_objectives_and_shows_hints(tmp_path: Path) -> None:
 
 def test_demo_objectives_default_per_model_and_asked_ones_win() -> None:
     """smollm2 learns from the reward alone unless told (its hinted teacher hurt it)."""
-    assert demo_objectives(load_settings(model="tiny-random")) == ["combine"]
-    assert demo_objectives(load_settings(model="smollm2-135m")) == ["rl"]
-    asked = load_settings(model="smollm2-135m", demo={"objectives": ["combine", "rl", "combine"]})
+    assert demo_objectives(demo_settings("--model", "tiny-random")) == ["combine"]
+    assert demo_objectives(demo_settings("--model", "smollm2-135m")) == ["rl"]
+    asked = demo_settings("--model", "smollm2-135m", "--objective", "combine,rl,combine")
     assert demo_objectives(asked) == ["combine", "rl"]
     with pytest.raises(ValueError):
         load_settings(model="smollm2-135m", demo={"objectives": []})
@@ -155,3 +156,28 @@ def test_the_headline_drift_is_that_of_the_weights_served_last() -> None:
     assert out["final_probed_version"] == 12
     assert out["ref_nll_ratio"] == pytest.approx(2.9 / 2.8)
     assert out["quality_kept"]["ref_nll"] is True
+
+
+def test_tool_use_per_version_counts_calls_and_answers_that_used_the_result() -> None:
+    def weather(version: int, reply: str, result: str | None) -> TurnLog:
+        return TurnLog(user=0, preference="weather_tool", words=3, tokens=5, rating=0.0,
+                       version=version, at=float(version), question="Weather in Oslo?",
+                       reply=reply, tool_offered=True, used_tool=result is not None,
+                       tool_result=result or "")  # fmt: skip
+
+    oslo = "Oslo: snow, -3 C"
+    answers = [
+        weather(0, "It is sunny.", None),  # no call
+        weather(0, "Sunny in Oslo.", None),
+        weather(3, "Snow in Oslo today.", oslo),  # called, used the result
+        weather(3, "It is sunny in Oslo.", oslo),  # called, then made the weather up
+        weather(4, "Oslo has snow.", oslo),
+        TurnLog(user=1, preference="limit", words=3, tokens=4, rating=1.0, version=4, at=9.0),
+    ]
+    by_version = tool_use_by_version(answers)
+    assert by_version == {
+        "0": {"questions": 2, "tool_call_rate": 0.0, "used_result_rate": None},
+        "3": {"questions": 2, "tool_call_rate": 1.0, "used_result_rate": 0.5},
+        "4": {"questions": 1, "tool_call_rate": 1.0, "used_result_rate": 1.0},
+    }
+    assert user_reactions(answers, 2)["tool_use"] == by_version

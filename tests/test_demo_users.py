@@ -7,7 +7,6 @@ import random
 import pytest
 
 from liveloop.demo import preferences as prefs
-from liveloop.demo.language import Lexicon, distinct_n, letter_words, read_reply
 from liveloop.demo.preferences import (
     TOPICS,
     OneSentence,
@@ -18,6 +17,7 @@ from liveloop.demo.preferences import (
     make_population,
 )
 from liveloop.prm.judges.rules import RulesJudge
+from liveloop.reading import Lexicon, distinct_n, letter_words, read_reply
 
 BEES = next(t for t in TOPICS if t.name == "bees")
 BREAD = next(t for t in TOPICS if t.name == "bread")

@@ -124,6 +124,27 @@ def test_gpu_values_run_sglang_replicas_and_a_gpu_trainer(helm: tuple[str, dict[
     assert "replicas" not in judge["spec"]  # the autoscaler owns it
 
 
+def test_sglang_servers_take_the_lora_flags_when_adapters_are_served(
+    helm: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    lora = tmp_path / "lora.yaml"
+    lora.write_text(
+        "sglang:\n  lora:\n    enabled: true\n    maxRank: 16\n    targetModules: [q_proj, v_proj]\n"
+    )
+    plain = {(d["kind"], d["metadata"]["name"]): d for d in render(helm, GPU_VALUES)}
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(helm, GPU_VALUES, lora)}
+
+    def args(rendered: dict[tuple[str, str], Any]) -> list[str]:
+        spec = rendered[("StatefulSet", "lt-liveloop-sglang")]["spec"]["template"]["spec"]
+        return list(spec["containers"][0]["args"])
+
+    assert "--enable-lora" not in args(plain)
+    got = args(docs)
+    assert "--enable-lora" in got and "--max-lora-rank=16" in got
+    assert "--max-loras-per-batch=8" in got
+    assert got[got.index("--lora-target-modules") + 1 :][:2] == ["q_proj", "v_proj"]
+
+
 def test_prometheus_rule_is_the_rule_file_and_passes_promtool(
     helm: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:

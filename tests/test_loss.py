@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
+from liveloop.config.trainer import TrainerConfig
 from liveloop.trainer.loss import LossConfig, decoupled_ppo_loss, k3_kl
 
-CFG = LossConfig(eps_low=0.2, eps_high=0.28, iw_cap=5.0, iw_cap_mode="mask")
+CFG = LossConfig(eps_low=0.2, eps_high=0.28, iw_cap=5.0, iw_cap_mode="mask", kl_coef=0.0)
 LN = math.log
 
 
@@ -50,7 +51,7 @@ def test_loss_and_gradient_match_hand_computation_mask_mode() -> None:
 
 def test_clamp_mode_caps_the_weight_instead_of_masking() -> None:
     current, proximal, behaviour, advantages = tokens()
-    cfg = LossConfig(eps_low=0.2, eps_high=0.28, iw_cap=5.0, iw_cap_mode="clamp")
+    cfg = LossConfig(eps_low=0.2, eps_high=0.28, iw_cap=5.0, iw_cap_mode="clamp", kl_coef=0.0)
     terms = decoupled_ppo_loss(current, proximal, behaviour, advantages, cfg)
     w3 = math.exp(0.5)
     # token 4 now counts with w = 5: -5*min(1, 1) = -5, d/dc = -5
@@ -83,7 +84,7 @@ def test_kl_penalty_to_reference_adds_k3_per_token() -> None:
     current = torch.tensor([-1.0, -2.0], dtype=torch.float64, requires_grad=True)
     reference = torch.tensor([-1.5, -1.0], dtype=torch.float64)
     zeros = torch.zeros(2, dtype=torch.float64)
-    cfg = LossConfig(kl_coef=0.5)
+    cfg = LossConfig.of(TrainerConfig(), kl_coef=0.5)
     terms = decoupled_ppo_loss(current, current.detach(), current.detach(), zeros, cfg, reference)
     d = reference - current.detach()
     k3 = torch.exp(d) - d - 1

@@ -4,28 +4,30 @@ signal of a batch under its budgets, and one OPD update on the real tiny-random 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from liveloop.config import ConfigError, load_settings
 from liveloop.config.opd import OPDSettings
 from liveloop.config.trainer import LoraSettings, TrainerConfig
 from liveloop.contracts import BatchSample, SampleHint
 from liveloop.server.prompting import PromptBuilder
 from liveloop.server.sessions import PreviousTurn
 from liveloop.server.tools.template import ChatTemplate
-from liveloop.trainer.loss import (
-    AdvantageConfig,
-    LossConfig,
-    decoupled_ppo_loss,
-    opd_term,
-    token_advantages,
-)
+from liveloop.trainer.data import build_micro_batch
+from liveloop.trainer.loss import LossConfig, decoupled_ppo_loss
+from liveloop.trainer.objectives import ObjectiveContext, TokenInputs
+from liveloop.trainer.objectives.combine import combined_advantages
+from liveloop.trainer.objectives.opd import distillation_advantages
+from liveloop.trainer.objectives.rl import RLObjective
 from liveloop.trainer.opd.distill import Distiller, make_teacher
 from liveloop.trainer.opd.prompts import HintInserter
 from liveloop.trainer.policy import Policy, completion_logprobs, load_policy
 from liveloop.trainer.ppo import PPOUpdater
+from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import policy
 
 HINT = "Shorter, please: 8 words at most."
@@ -122,35 +124,45 @@ def test_no_enhanced_prompt_when_it_cannot_be_exact(pol: Policy) -> None:
     assert lenient.insert(prompt, messages, None, HINT).failure == "mismatch"  # other template
 
 
+def tokens_of(
+    teacher: torch.Tensor,
+    proximal: torch.Tensor,
+    mask: torch.Tensor,
+    scalar: torch.Tensor,
+    lengths: list[int] | None = None,
+) -> TokenInputs:
+    return TokenInputs(scalar, proximal, teacher, mask, lengths or [len(scalar)])
+
+
 def test_opd_advantage_and_its_gradient_by_hand() -> None:
     teacher = torch.tensor([-1.0, -3.0, -0.5, -2.0])
     proximal = torch.tensor([-2.0, -1.0, -0.5, -9.0])
     mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last token's turn has no teacher signal
     scalar = torch.tensor([0.5, 0.5, 0.5, -1.0])
-    opd = AdvantageConfig("opd", opd_weight=1.0, opd_clip=1.5)
-    got = token_advantages(scalar, opd_term(teacher, proximal, mask, opd), opd)
+    tokens = tokens_of(teacher, proximal, mask, scalar)
+    got = distillation_advantages(tokens, OPDSettings(opd_weight=1.0, advantage_clip=1.5))
     assert got.tolist() == [1.0, -1.5, 0.0, 0.0]
-    combine = AdvantageConfig("combine", rl_weight=0.5, opd_weight=2.0, opd_clip=None)
+    combine = OPDSettings(rl_weight=0.5, opd_weight=2.0, advantage_clip=None)
     expected = [0.25 + 2.0, 0.25 - 4.0, 0.25, -0.5]
-    combined = token_advantages(scalar, opd_term(teacher, proximal, mask, combine), combine)
+    combined = combined_advantages(tokens, combine)
     assert combined.tolist() == expected
-    rl = AdvantageConfig("rl")
-    assert token_advantages(scalar, None, rl).tolist() == scalar.tolist()
-    with pytest.raises(ValueError, match="OPD term"):
-        token_advantages(scalar, None, combine)
+    no_policy: Any = None  # the reward-only objective never touches the policy
+    rl = RLObjective(ObjectiveContext(no_policy, TrainerConfig(), "x")).advantages(tokens)
+    assert rl.tolist() == scalar.tolist()
 
     # At current = proximal (ratio 1, inside the clip range) and behaviour = proximal (w = 1)
     # the loss is -sum(A_t * ratio_t) and d loss / d current_t = -A_t.
     current = proximal.clone().requires_grad_(True)
-    advantages = token_advantages(scalar, opd_term(teacher, proximal, mask, combine), combine)
-    terms = decoupled_ppo_loss(current, proximal, proximal, advantages, LossConfig())
+    advantages = combined_advantages(tokens, combine)
+    loss_cfg = LossConfig.of(TrainerConfig())
+    terms = decoupled_ppo_loss(current, proximal, proximal, advantages, loss_cfg)
     assert float(terms.loss_sum.detach()) == pytest.approx(-sum(expected))
     terms.loss_sum.backward()
     assert current.grad is not None
     assert current.grad.tolist() == pytest.approx([-a for a in expected])
     # Above the clip range a positive advantage no longer pulls: its gradient is 0 there.
     high = (proximal + torch.tensor([0.5, 0.0, 0.0, 0.0])).requires_grad_(True)
-    decoupled_ppo_loss(high, proximal, proximal, advantages, LossConfig()).loss_sum.backward()
+    decoupled_ppo_loss(high, proximal, proximal, advantages, loss_cfg).loss_sum.backward()
     assert high.grad is not None and high.grad.tolist() == pytest.approx([0.0, 3.75, -0.25, 0.5])
 
 
@@ -159,17 +171,13 @@ def test_centred_opd_advantages_have_a_zero_mean_per_reply() -> None:
     teacher = torch.tensor([-1.0, -2.0, -3.0, -1.0, -5.0])
     proximal = torch.tensor([-0.5, -0.5, -0.5, -2.0, -1.0])
     mask = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])
-    scalar = torch.zeros(5)
+    tokens = tokens_of(teacher, proximal, mask, torch.zeros(5), [3, 2])
     # Uncentred: the teacher finds reply 1 less likely everywhere, so every token is pushed down.
-    plain = AdvantageConfig("opd", opd_clip=None)
-    assert token_advantages(scalar, opd_term(teacher, proximal, mask, plain), plain).tolist() == [
-        -0.5, -1.5, -2.5, 1.0, 0.0,
-    ]  # fmt: skip
-    centred = AdvantageConfig("opd", opd_clip=None, opd_center=True)
-    got = token_advantages(scalar, opd_term(teacher, proximal, mask, centred, [3, 2]), centred)
+    plain = OPDSettings(advantage_clip=None)
+    assert distillation_advantages(tokens, plain).tolist() == [-0.5, -1.5, -2.5, 1.0, 0.0]
+    centred = OPDSettings(advantage_clip=None, center_advantages=True)
+    got = distillation_advantages(tokens, centred)
     assert got.tolist() == pytest.approx([1.0, 0.0, -1.0, 0.0, 0.0])  # reply 1 mean -1.5
-    with pytest.raises(ValueError, match="length"):
-        opd_term(teacher, proximal, mask, centred)
 
 
 def hinted_samples(pol: Policy, n: int = 4, hint: bool = True) -> list[BatchSample]:
@@ -247,10 +255,11 @@ def test_an_opd_update_moves_the_student_towards_the_teacher(objective: str) -> 
     samples = [*hinted_samples(pol, 3), *hinted_samples(pol, 1, hint=False)]
     samples[-1].key = "plain"
     stats = updater.update(samples)
-    assert stats.hinted == 3 and stats.opd_samples == 3 and stats.hint_share == 0.75
-    assert stats.opd_gap_before > 0.1 and stats.opd_gap_after is not None
-    assert stats.opd_gap_after < stats.opd_gap_before
-    assert stats.opd_seconds > 0 and math.isfinite(stats.opd_advantage)
+    opd = stats.objective.metrics
+    assert stats.hinted == 3 and opd["opd_samples"] == 3 and stats.hint_share == 0.75
+    assert opd["opd_gap_before"] > 0.1 and "opd_gap_after" in opd
+    assert opd["opd_gap_after"] < opd["opd_gap_before"]
+    assert opd["opd_seconds"] > 0 and math.isfinite(opd["opd_advantage"])
     metrics = stats.as_metrics()
     assert metrics["hint_share"] == 0.75 and "opd_gap_after" in metrics
     assert "opd: 3/3 hinted taught" in stats.describe()
@@ -260,6 +269,91 @@ def test_rl_objective_ignores_hints() -> None:
     pol = policy()
     updater = PPOUpdater(pol, TrainerConfig(lr=1e-3), model_name="tiny-random")
     stats = updater.update(hinted_samples(pol, 2))
-    assert updater.distiller is None
-    assert stats.hinted == 2 and stats.opd_samples == 0 and stats.opd_gap_after is None
+    assert isinstance(updater.objective, RLObjective)
+    assert stats.hinted == 2 and "opd_samples" not in stats.objective.metrics
+    assert "opd_gap_after" not in stats.as_metrics()
     assert stats.describe().endswith("; 2 hinted")  # the trainer's log line: nothing taught
+
+
+def test_contrastive_advantage_and_its_gradient_by_hand() -> None:
+    """log pi_T(a|s+hint) - log pi_T(a|s) is prepared before the update; the proximal
+    log-probs play no part in it, and the loss pulls each token by its contrast."""
+    hinted = torch.tensor([-1.0, -4.0, -0.5, -2.0])
+    plain = torch.tensor([-2.0, -1.0, -0.5, -9.0])
+    contrast = hinted - plain  # [1.0, -3.0, 0.0, 7.0]
+    proximal = torch.tensor([-7.0, -0.1, -3.0, -1.0])  # far from both: must not matter
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last token's reply has no teacher signal
+    scalar = torch.tensor([0.5, 0.5, 0.5, -1.0])
+    tokens = tokens_of(contrast, proximal, mask, scalar)
+    cfg = OPDSettings(advantage="contrastive", advantage_clip=2.0, opd_weight=1.0)
+    assert distillation_advantages(tokens, cfg).tolist() == [1.0, -2.0, 0.0, 0.0]
+    combine = OPDSettings(advantage="contrastive", advantage_clip=None, rl_weight=0.5)
+    expected = [0.25 + 1.0, 0.25 - 3.0, 0.25, -0.5]
+    advantages = combined_advantages(tokens, combine)
+    assert advantages.tolist() == expected
+    current = proximal.clone().requires_grad_(True)  # ratio 1, w 1: d loss / d current = -A
+    terms = decoupled_ppo_loss(
+        current, proximal, proximal, advantages, LossConfig.of(TrainerConfig())
+    )
+    terms.loss_sum.backward()
+    assert current.grad is not None and current.grad.tolist() == pytest.approx(
+        [-a for a in expected]
+    )
+
+
+def test_a_contrastive_signal_is_the_teacher_with_the_hint_minus_without(pol: Policy) -> None:
+    cfg = OPDSettings(hint_role="system", advantage="contrastive")
+    distiller = Distiller(cfg, pol, make_teacher(cfg, pol, 256, "cpu", "tiny-random"))
+    samples = hinted_samples(pol, 2)
+    signal = distiller.signal(samples)
+    assert set(signal.logprobs) == {"k0", "k1"} and not signal.skipped
+    plain = OPDSettings(hint_role="system")
+    hinted = Distiller(plain, pol, make_teacher(plain, pol, 256, "cpu", "x")).signal(samples)
+    for sample in samples:
+        with torch.no_grad():
+            own = completion_logprobs(pol.model, build_micro_batch([sample]))[0].tolist()
+        want = [h - o for h, o in zip(hinted.logprobs[sample.key], own, strict=True)]
+        assert signal.logprobs[sample.key] == pytest.approx(want, abs=1e-4)
+
+
+def _other_tokenizer_model(tmp_path: Path) -> Path:
+    """tiny-random with one token added to its tokenizer: the same model, other ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from liveloop.models import resolve_model_dir
+
+    source = resolve_model_dir("tiny-random")
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    tokenizer.add_tokens(["<liveloop-extra>"])
+    model = AutoModelForCausalLM.from_pretrained(str(source))
+    model.resize_token_embeddings(len(tokenizer))
+    out = tmp_path / "other-tokenizer"
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def test_a_teacher_model_must_share_the_students_tokenizer(tmp_path: Path) -> None:
+    """Another local model as the teacher: loaded once, frozen; one with other token ids
+    stops the trainer at start-up with a message naming the setting."""
+    pol = policy()
+    cache: dict[str, Any] = {}
+    same = OPDSettings(teacher="model", teacher_model="tiny-random")
+    teacher = make_teacher(same, pol, 256, "cpu", "tiny-random", cache)
+    assert list(cache) == ["teacher:tiny-random:cpu"]
+    frozen = cache["teacher:tiny-random:cpu"]
+    assert not any(p.requires_grad for p in frozen.parameters())
+    make_teacher(same, pol, 256, "cpu", "tiny-random", cache)  # loaded once: the same object
+    assert cache["teacher:tiny-random:cpu"] is frozen
+    signal = Distiller(same, pol, teacher).signal(hinted_samples(pol, 1))
+    assert list(signal.logprobs) == ["k0"]
+
+    other = str(_other_tokenizer_model(tmp_path))
+    with pytest.raises(ConfigError, match=r"teacher_model = .*not the policy's \(vocabularies"):
+        make_teacher(OPDSettings(teacher="model", teacher_model=other), pol, 256, "cpu", "x", {})
+    trainer = trainer_of(settings_for("redis://127.0.0.1:1", tmp_path / "data", trainer={
+        "objective": "combine", "opd": {"teacher": "model", "teacher_model": other}}))  # fmt: skip
+    with pytest.raises(ConfigError, match="teacher_model"):
+        trainer.setup()  # the trainer's start-up
+    with pytest.raises(ConfigError, match=r"needs trainer\.opd\.teacher_model"):
+        load_settings(trainer={"opd": {"teacher": "model"}})

@@ -10,7 +10,7 @@ import redis
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from liveloop.probes import LoopProbes
+from liveloop.health import LoopHealth
 from liveloop.streamstats import StreamStateCollector, entry_time
 from liveloop.valkey import free_port
 
@@ -79,30 +79,30 @@ def test_entry_time_is_the_ids_millisecond_part() -> None:
 
 def test_probes_answer_health_readiness_and_metrics(redis_url: str) -> None:
     registry = CollectorRegistry()
-    probes = LoopProbes(registry, redis_url).start(free_port(), "127.0.0.1")
-    assert probes._server is not None
-    base = f"http://127.0.0.1:{probes._server.server_port}"
+    health = LoopHealth(registry, redis_url).start(free_port(), "127.0.0.1")
+    assert health._server is not None
+    base = f"http://127.0.0.1:{health._server.server_port}"
     try:
         assert httpx.get(base + "/healthz").status_code == 200
         starting = httpx.get(base + "/readyz")
         assert starting.status_code == 503 and starting.json() == {"status": "starting"}
-        probes.mark_ready()
+        health.mark_ready()
         assert httpx.get(base + "/readyz").status_code == 200
         registry_gauge = Gauge("probe_test_value", "A value to find.", registry=registry)
         registry_gauge.set(7)
         scraped = httpx.get(base + "/metrics")
         assert scraped.headers["content-type"].startswith("text/plain")
         assert "probe_test_value 7.0" in scraped.text
-        probes.mark_stopping()
+        health.mark_stopping()
         assert httpx.get(base + "/readyz").status_code == 503
     finally:
-        probes.stop()
+        health.stop()
 
 
 def test_readiness_fails_while_redis_is_unreachable() -> None:
-    probes = LoopProbes(CollectorRegistry(), f"redis://127.0.0.1:{free_port()}/0")
-    probes.mark_ready()
+    health = LoopHealth(CollectorRegistry(), f"redis://127.0.0.1:{free_port()}/0")
+    health.mark_ready()
     started = time.monotonic()
-    ready, reason = probes.readiness()
+    ready, reason = health.readiness()
     assert not ready and reason.startswith("redis unreachable")
     assert time.monotonic() - started < 5

@@ -173,7 +173,11 @@ async def test_llm_judge_in_the_loop_writes_votes(
         redis_url=redis_url,
         model="judge-model",
         port=endpoint.port,
-        prm={"judges": {"llm": 1.0}, "next_state_timeout_s": 30, "claim_idle_ms": 100},
+        prm={
+            "judges": {"llm": 1.0},
+            "next_state_timeout_s": 30,
+            "consumer": {"claim_idle_ms": 100},
+        },
     )
     turns = conversation("s", [user("hi"), user("SCRIPT:split hm"), user("SCRIPT:bad no")])
     async with judging(aredis_client, settings) as service:

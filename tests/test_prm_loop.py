@@ -33,7 +33,7 @@ from tests.synthetic import conversation, make_turn, tool, user, write_turns
 def fast_settings(redis_url: str, **prm: Any) -> LiveLoopSettings:
     base: dict[str, Any] = {
         "next_state_timeout_s": 0.6,
-        "claim_idle_ms": 100,
+        "consumer": {"claim_idle_ms": 100},
         "sweep_interval_s": 0.05,
     }
     base["rules"] = {"timeout_score": 0.0}  # score silence as neutral, to see timeouts scored
@@ -250,7 +250,7 @@ async def test_slow_judge_work_is_not_stolen_by_another_consumer(
 ) -> None:
     # Keep-alive runs every claim_idle_ms / 3: 300 ms leaves a loaded machine 200 ms of slack.
     settings = fast_settings(
-        redis_url, next_state_timeout_s=0.1, slow_read_count=2, claim_idle_ms=300
+        redis_url, next_state_timeout_s=0.1, slow_read_count=2, consumer={"claim_idle_ms": 300}
     )
     judge = SlowJudge()
     turns = [make_turn(f"s{i}", 0, [user("q")], f"reply {i}") for i in range(6)]

@@ -28,7 +28,7 @@ def judge_env(redis_url: str, **extra: str) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         LIVELOOP_REDIS_URL=redis_url,
         LIVELOOP_LOG_LEVEL="WARNING",
-        LIVELOOP_PRM__CLAIM_IDLE_MS="1000",
+        LIVELOOP_PRM__CONSUMER__CLAIM_IDLE_MS="1000",
         LIVELOOP_PRM__NEXT_STATE_TIMEOUT_S="1.5",
         LIVELOOP_PRM__RULES__TIMEOUT_SCORE="0.0",
     )
@@ -37,7 +37,7 @@ def judge_env(redis_url: str, **extra: str) -> dict[str, str]:
 
 
 def start_judge(redis_url: str, name: str, *args: str) -> subprocess.Popen[bytes]:
-    env = judge_env(redis_url, LIVELOOP_PRM__CONSUMER_NAME=name)
+    env = judge_env(redis_url, LIVELOOP_PRM__CONSUMER__NAME=name)
     return subprocess.Popen(
         [sys.executable, "-m", "liveloop.cli", "judge", *args], env=env, cwd=ROOT
     )

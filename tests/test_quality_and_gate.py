@@ -15,15 +15,17 @@ import torch
 
 from liveloop import bus
 from liveloop.collector.writer import BatchWriter
-from liveloop.config import load_settings
+from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import WeightsAnnouncement
+from liveloop.demo.gate_probes import HeldOutUsers
+from liveloop.probe_sources import ProbeContext
 from liveloop.quality import WORD, DriftSums, QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.data import build_micro_batch
-from liveloop.trainer.gate import PromotionGate, build_panel
 from liveloop.trainer.policy import completion_logprobs, load_policy
 from liveloop.trainer.ppo import drift_sums
-from liveloop.trainer.probes import ProbeResult, reply_logprobs, sample_replies
+from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
+from liveloop.trainer.safeguards.probing import ProbeResult, reply_logprobs, sample_replies
 from tests.server_proc import ADMIN_KEY, ServerProcess
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
@@ -97,9 +99,7 @@ def test_probe_replies_carry_the_log_probs_a_full_forward_gives() -> None:
 async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() -> None:
     settings = load_settings(model="tiny-random", trainer={"gate": {"max_kl": 1.0}})
     policy = load_policy("tiny-random", "cpu", settings.trainer.lora, with_reference=True)
-    gate = PromotionGate(
-        settings.model, settings.trainer.gate, build_panel(settings.prm, settings.shared())
-    )
+    gate = gate_of(settings)
     await gate.start(policy, 0)
     assert gate.version0 is not None and gate.version0.kl_ref == pytest.approx(0.0, abs=1e-6)
     unchanged = gate.decide(await gate.probe(policy, 1))
@@ -110,6 +110,13 @@ async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() ->
     assert not degraded.accepted
     assert degraded.reason is not None and "KL to the reference" in degraded.reason
     assert degraded.probe.kl_ref > 1.0
+
+
+def gate_of(settings: LiveLoopSettings) -> PromotionGate:
+    """The gate as the trainer builds it, probing with the demo's held-out users."""
+    cfg, shared = settings.trainer.gate, settings.shared()
+    held_out = HeldOutUsers(ProbeContext(cfg, shared))
+    return PromotionGate(settings.model, cfg, build_panel(settings.prm, shared), held_out)
 
 
 def _probe(
@@ -124,7 +131,7 @@ def test_gate_stops_a_slow_slide_and_replies_that_lose_the_topic() -> None:
     """Each check alone: reward against version 0 too, topic rate, symbols, word salad."""
     settings = load_settings(model="smollm2-135m")
     cfg = settings.trainer.gate  # margin 0.25, topic drop 0.2, symbols 0.1
-    gate = PromotionGate("smollm2-135m", cfg, build_panel(settings.prm, settings.shared()))
+    gate = gate_of(settings)
     gate.version0, gate.serving = _probe(0, 0.0, 0.75), _probe(4, -0.2, 0.7)
     assert gate.decide(_probe(5, -0.2, 0.7)).accepted  # within the margin of both
     slide = gate.decide(_probe(5, -0.4, 0.7))  # serving - 0.2, but version 0 - 0.4
@@ -144,7 +151,7 @@ def test_gate_stops_a_slow_slide_and_replies_that_lose_the_topic() -> None:
     )  # fmt: skip
     gate.cfg = lenient
     assert gate.decide(_probe(5, -0.4, 0.5, symbols=0.2, nonsense=1.0)).accepted
-    noise = PromotionGate("tiny-random", cfg, gate.panel)  # a random model has no language
+    noise = PromotionGate("tiny-random", cfg, gate.panel, gate.source)  # no language: no checks
     noise.version0, noise.serving = gate.version0, gate.serving
     assert noise.decide(_probe(5, -0.2, 0.0, symbols=1.0, nonsense=1.0)).accepted
 
@@ -171,7 +178,8 @@ async def test_a_refused_version_is_never_served_and_training_goes_on_from_the_l
     try:
         writer = BatchWriter(aredis_client, data_dir)
         await writer.write(make_samples(4, seed=11), 0)
-        gate = {"max_kl": 1.0}  # tiny-random has no KL bound of its own: its reference is noise
+        # tiny-random has no KL bound of its own: its reference is noise
+        gate = {"max_kl": 1.0, "probe_source": "demo"}
         wild = settings_for(
             redis_url, data_dir, trainer={"lr": 1.0, "max_updates": 1, "gate": gate}
         )
@@ -252,7 +260,7 @@ async def test_after_a_refusal_the_trainer_drops_momentum_and_lowers_its_rate(
 ) -> None:
     """A reverted optimizer keeps no first moments; each refusal in a row halves the rate."""
     writer = BatchWriter(aredis_client, data_dir)
-    gate = {"max_kl": 1.0}
+    gate = {"max_kl": 1.0, "probe_source": "demo"}
     await writer.write(make_samples(4, seed=21), 0)
     calm = trainer_of(
         settings_for(redis_url, data_dir, trainer={"lr": 1e-6, "max_updates": 1, "gate": gate})

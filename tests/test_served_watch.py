@@ -13,8 +13,8 @@ from liveloop.config.watch import WatchSettings
 from liveloop.evaluation import format_table, quality_rows
 from liveloop.quality import QualityStore, VersionQuality
 from liveloop.registry import Registry
+from liveloop.trainer.safeguards.watch import ServedWatch, Stage
 from liveloop.trainer.source import Publisher
-from liveloop.trainer.watch import ServedWatch
 from liveloop.weights.transport import SharedDiskTransport
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_quality_and_gate import _announced
@@ -73,6 +73,7 @@ def test_a_version_whose_served_replies_drifted_is_rolled_back_once_measured() -
     watch = ServedWatch(WatchSettings(min_turns=20), [0, 1, 2], lambda v: True, drift=True)
     assert watch.wanted() == [0, 1, 2]
     assert watch.check(found) is None and watch.pending == [1, 2]  # they wait for their tokens
+    assert watch.stages() == {1: Stage.TURNS_IN, 2: Stage.TURNS_IN}
     assert watch.version0_nll == 2.8
 
     # A version with its turns but not its tokens when a later one is ready is judged on
@@ -117,6 +118,7 @@ def test_a_fall_in_served_reward_does_not_wait_for_the_tokens_to_be_measured() -
     for version in (1, 2, 3):
         watch.went_live(version)
     assert watch.check(found) is None and watch.pending == [1, 2, 3]
+    assert watch.stages() == {1: Stage.TURNS_IN, 2: Stage.WAITING, 3: Stage.WAITING}
 
     found[2] = served(2, 24, -0.9, 0.3)  # 0.6 below v0, z = 4.6: a fall, tokens or not
     rollback = watch.check(found)
@@ -141,18 +143,19 @@ def test_a_version_pruned_before_the_watch_judged_it_keeps_its_registry_row(
         publisher = Publisher(SharedDiskTransport(tmp_path), registry, None)
         for version in (1, 2, 3, 4):
             registry.add_model_version(version, str(tmp_path / f"v{version}"), version - 1)
-        publisher.forget([1, 2], awaiting=frozenset({2, 3, 4}))  # v1 judged, v2 not yet
+        # v1 and v2 pruned; v1 judged, v2 not yet
+        publisher.forget(on_disk=frozenset({3, 4}), keep=frozenset({2, 3, 4}))
         assert registry.get_model_version(1) is None
         assert registry.get_model_version(2) is not None
 
         publisher.mark_rolled_back({2: "served worse", 3: "went live after v2"})
-        publisher.forget([], awaiting=frozenset({5}))  # the rollback's new version
+        publisher.forget(frozenset({3, 4}), keep=frozenset({5}))  # the rollback's new version
         assert [registry.get_model_version(v) is not None for v in (2, 3, 4)] == [True] * 3
         kept = registry.get_model_version(2)
         assert kept is not None and (kept.status, kept.reason) == ("rolled_back", "served worse")
 
-        publisher.forget([4], awaiting=frozenset({4}))  # pruned, then judged good: forgotten
-        publisher.forget([], awaiting=frozenset())
+        publisher.forget(frozenset({3}), keep=frozenset({4}))  # pruned, then judged good:
+        publisher.forget(frozenset({3}), keep=frozenset())  # forgotten
         assert registry.get_model_version(4) is None
     finally:
         registry.close()
@@ -170,18 +173,22 @@ def _weights(path: str) -> dict[str, object]:
     return dict(load_file(file))
 
 
+@pytest.mark.parametrize("published", ["weights", "adapter"])
 async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
-    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path, published: str
 ) -> None:
-    """End to end: served counters -> the trainer's watch -> a new version with good weights."""
+    """End to end: served counters -> the trainer's watch -> a new version with good weights
+    (full weights, or, with LoRA, the adapter: the other adapters' and the base untouched)."""
     writer = BatchWriter(aredis_client, data_dir)
     for seed in (31, 32):
         await writer.write(make_samples(4, seed=seed), 0)
-    trainer_cfg = {
+    trainer_cfg: dict[str, object] = {
         "lr": 1e-3,
         "gate": {"enabled": False},
         "watch": {"min_turns": 8, "check_interval_s": 0.05},
     }
+    if published == "adapter":
+        trainer_cfg |= {"lr": 1e-2, "lora": {"enabled": True, "rank": 4, "alpha": 8}}
     first = trainer_of(settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 2}))
     await first.run()
     assert (
@@ -211,6 +218,8 @@ async def test_a_version_that_served_badly_is_rolled_back_to_the_last_good_one(
         (4, 3, "accepted"),
     ]
     assert announced[2].reason and announced[2].reason.startswith("the weights of v1 again")
+    kinds = {a.kind for a in announced}
+    assert kinds == ({"adapter"} if published == "adapter" else {"full"})
     paths = {a.version: a.path for a in announced}
     again, good, bad = _weights(paths[3]), _weights(paths[1]), _weights(paths[2])
     assert again.keys() == good.keys()

@@ -7,6 +7,7 @@ fails here with its name.
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +18,8 @@ KEYS_MODULE = PACKAGE / "bus" / "keys.py"
 def modules() -> dict[str, Path]:
     """Every module of the package (the loop folders through their symlinks), by name."""
     found: dict[str, Path] = {}
-    for path in PACKAGE.rglob("*.py"):
+    paths = [Path(d) / f for d, _s, files in os.walk(PACKAGE, followlinks=True) for f in files]
+    for path in (p for p in paths if p.suffix == ".py"):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -88,3 +90,34 @@ def test_redis_keys_are_named_in_one_module() -> None:
             if key_like or "'liveloop:" in text:  # a key, or a key spelled inside Lua
                 spelled.append(f"{name}:{node.lineno}")
     assert spelled == [], f"Redis key names outside liveloop.bus.keys: {spelled}"
+
+
+LOOPS = ("liveloop.server", "liveloop.prm", "liveloop.collector", "liveloop.trainer")
+
+
+def _inside(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_no_runtime_module_imports_the_demo() -> None:
+    """The loops and the shared package never reach for the demo's simulated users: a
+    deployment's gate probes its own traffic. Only the CLI, which starts the demo, may."""
+    mods = modules()
+    offenders = {
+        name: sorted(i for i in imports(path, set(mods)) if _inside(i, ("liveloop.demo",)))
+        for name, path in mods.items()
+        if not _inside(name, ("liveloop.demo", "liveloop.cli"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_shared_modules_import_no_loop() -> None:
+    """What the loops share (liveloop/ outside the loop folders), the demo included, imports
+    no loop package; only the CLI composes them."""
+    mods = modules()
+    offenders = {
+        name: sorted(i for i in imports(path, set(mods)) if _inside(i, LOOPS))
+        for name, path in mods.items()
+        if not _inside(name, (*LOOPS, "liveloop.cli"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

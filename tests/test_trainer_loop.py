@@ -12,13 +12,15 @@ from transformers import AutoModelForCausalLM
 from liveloop import bus
 from liveloop.collector.writer import BatchWriter
 from liveloop.config import LiveLoopSettings
+from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.models import load_model
 from liveloop.registry import Registry
 from liveloop.trainer.metrics import TrainerMetrics
+from liveloop.trainer.objectives import ObjectiveContext, build_objective
 from liveloop.trainer.source import trainable_samples
 from tests.test_collector_support import settings_for, trainer_of
-from tests.test_trainer import make_samples
+from tests.test_trainer import make_samples, policy
 
 
 def settings(redis_url: str, data_dir: Path, **trainer: object) -> LiveLoopSettings:
@@ -104,7 +106,7 @@ async def test_lora_checkpoints_hold_merged_weights_and_resume_the_adapter(
     writer = BatchWriter(aredis_client, data_dir)
     await writer.write(make_samples(4, seed=12), 0)
     lora = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    s = settings(redis_url, data_dir, max_updates=1, lora=lora, lr=1e-2)
+    s = settings(redis_url, data_dir, max_updates=1, lora=lora, lr=1e-2, publish="merged")
     trainer = trainer_of(s)
     await trainer.run()
     ckpt = data_dir / "checkpoints" / "v1"
@@ -133,7 +135,50 @@ def test_trainer_applies_the_staleness_bound_again() -> None:
         sample.versions = [oldest] + [3] * (len(sample.versions) - 1)
     metrics = TrainerMetrics()
     # batches queued while the trainer moved on to version 3; one version of staleness allowed
-    kept = trainable_samples(samples, 3, "rl", 1, metrics)
+    pol = policy()
+    rl, opd = (
+        build_objective(ObjectiveContext(pol, TrainerConfig(objective=name), "tiny-random"))  # type: ignore[arg-type]
+        for name in ("rl", "opd")
+    )
+    kept = trainable_samples(samples, 3, rl, 1, metrics)
     assert [x.key for x in kept] == [samples[0].key, samples[1].key]
     assert metrics.dropped.labels("stale")._value.get() == 1
-    assert trainable_samples(samples, 3, "opd", 1, TrainerMetrics()) == []  # no hints
+    assert trainable_samples(samples, 3, opd, 1, TrainerMetrics()) == []  # no hints
+
+
+async def test_lora_versions_published_as_adapters_are_validated_announced_and_resumed(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """With LoRA, a version is the adapter alone (the PEFT layout), validated, announced as
+    an adapter under its name, and resumed from (rollbacks: tests/test_served_watch.py)."""
+    from liveloop.weights import SharedDiskTransport
+    from liveloop.weights.adapter import read_adapter
+
+    writer = BatchWriter(aredis_client, data_dir)
+    for seed in (14, 15):
+        await writer.write(make_samples(4, seed=seed), 0)
+    lora = {"enabled": True, "rank": 4, "alpha": 8, "adapter_name": "house-style"}
+    s = settings(redis_url, data_dir, max_updates=2, lora=lora, lr=1e-2)
+    trainer = trainer_of(s)
+    await trainer.run()
+    ckpt = data_dir / "checkpoints" / "v2"
+    assert (ckpt / "adapter_config.json").is_file() and (
+        ckpt / "adapter_model.safetensors"
+    ).is_file()
+    assert not (ckpt / "model.safetensors").exists()  # the base weights never travel
+    base = load_model("tiny-random").model
+    shapes = {k: tuple(v.shape) for k, v in base.state_dict().items()}
+    adapter = read_adapter(ckpt, shapes)  # names and shapes fit the base, finite
+    assert len(adapter.modules) == 2 * 7  # every linear of the two layers
+    SharedDiskTransport().validate(str(ckpt))
+    got = await announcements(aredis_client)
+    assert [(a.version, a.kind, a.adapter) for a in got] == [
+        (1, "adapter", "house-style"),
+        (2, "adapter", "house-style"),
+    ]
+
+    again = trainer_of(s)
+    again.setup()  # resumes from the adapter the version is
+    before = {k: v for k, v in trainer.updater.policy.model.state_dict().items() if "lora_" in k}
+    after = {k: v for k, v in again.updater.policy.model.state_dict().items() if "lora_" in k}
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

@@ -151,12 +151,15 @@ def test_eval_runs_held_out_users_against_one_version(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_with_opd_on_tiny_random_distils_from_its_hints(tmp_path: Path) -> None:
+@pytest.mark.parametrize("teacher", ["policy", "smollm2-135m"])
+def test_demo_with_opd_on_tiny_random_distils_from_its_hints(tmp_path: Path, teacher: str) -> None:
     """`--objective opd` end to end: the rules judge turns the users' corrections into
-    directive hints, the trainer trains on the hinted turns with the policy, told the hint, as
-    its teacher, and each update moves the student's log-probs of the taught tokens towards
-    the teacher's. That is what tiny-random can learn from a hint: it has no language, so its
-    reward is not expected to rise (bench/learning.py asks that of smollm2-135m).
+    directive hints, the trainer trains on the hinted turns with a teacher told the hint (the
+    policy itself, or another model loaded frozen in the trainer: smollm2-135m, which shares
+    tiny-random's tokenizer), and each update moves the student's log-probs of the taught
+    tokens towards the teacher's. That is what tiny-random can learn from a hint: it has no
+    language, so its reward is not expected to rise (bench/learning.py asks that of a real
+    model).
 
     The learning rate is the trainer's default order (1e-5): Adam steps at the demo's
     tiny-random rate (2e-2) are far larger than this teacher's distance from its student.
@@ -165,6 +168,9 @@ def test_demo_with_opd_on_tiny_random_distils_from_its_hints(tmp_path: Path) -> 
     cmd = [*CLI, "demo", "--model", "tiny-random", "--minutes", "1", "--objective", "opd"]
     cmd += ["--port", str(port), "--data-dir", str(tmp_path), "--quiet"]
     env = {**os.environ, "LIVELOOP_TRAINER__LR": "1e-5"}
+    if teacher != "policy":
+        env |= {"LIVELOOP_TRAINER__OPD__TEACHER": "model",
+                "LIVELOOP_TRAINER__OPD__TEACHER_MODEL": teacher}  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "demo" / "report.json").read_text())

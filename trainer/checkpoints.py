@@ -6,7 +6,8 @@ module adds the trainer's own state inside each version directory:
 
     v<N>/trainer_state/state.json  version, parent, recently applied batch ids
     v<N>/trainer_state/optimizer.pt
-    v<N>/trainer_state/adapter/    LoRA adapter (only when training LoRA)
+    v<N>/trainer_state/adapter/    LoRA adapter (when training LoRA and publishing merged
+                                   weights; a version published as an adapter is one itself)
 
 A version counts as a checkpoint once its `state.json` is there. Only the newest `keep`
 are kept.
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from liveloop.contracts import VersionStatus
 from liveloop.weights import SharedDiskTransport
 
 if TYPE_CHECKING:
@@ -42,8 +44,18 @@ class TrainerState:
     parent: int | None
     applied_batches: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-    status: str = "accepted"  # "rejected": refused by the promotion gate, never served
+    status: VersionStatus = VersionStatus.ACCEPTED
     reason: str | None = None
+    resume_from: int | None = None  # whose weights training went on from after this version
+
+    def next_start(self) -> int | None:
+        """The version training goes on from after this one (None: not recorded)."""
+        if self.resume_from is not None:
+            return self.resume_from
+        return self.version if self.status.servable else None
+
+    def __post_init__(self) -> None:
+        self.status = VersionStatus(self.status)  # read back from JSON as a plain string
 
 
 class CheckpointStore:
@@ -67,8 +79,20 @@ class CheckpointStore:
         """The newest complete checkpoint's version (optionally the newest accepted), or None."""
         found = self.versions()
         if accepted_only:
-            found = [v for v in found if self.load_state(v).status == "accepted"]
+            found = [v for v in found if self.load_state(v).status.servable]
         return found[-1] if found else None
+
+    def resume_point(self) -> int | None:
+        """The version a restarted trainer goes on from: what the newest checkpoint says
+        training went on from after it (a refused version's predecessor, say), if that is
+        still on disk; else the newest accepted one. None: the base model."""
+        newest = self.latest()
+        if newest is None:
+            return None
+        start = self.load_state(newest).next_start()
+        if start is not None and (start == 0 or start in self.versions()):
+            return start or None
+        return self.latest(accepted_only=True)
 
     def save(
         self,
@@ -77,19 +101,32 @@ class CheckpointStore:
         optimizer: torch.optim.Optimizer,
         state: TrainerState,
         adapter: Any | None = None,
+        *,
+        publish_adapter: str | None = None,
     ) -> Path:
-        """Write version `state.version` atomically; returns its directory."""
+        """Write version `state.version` atomically; returns its directory.
+
+        `model` is the servable weights and `adapter` the peft model trained (LoRA), kept
+        beside them to resume from; with `publish_adapter` (its name) the version is the
+        adapter alone, and `model` is not written.
+        """
         import torch
 
         def add_trainer_state(directory: Path) -> None:
             state_dir = directory / STATE_DIR
             state_dir.mkdir()
             torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
-            if adapter is not None:
+            if adapter is not None and publish_adapter is None:
                 adapter.save_pretrained(str(state_dir / "adapter"))
             state.applied_batches = state.applied_batches[-APPLIED_BATCHES_KEPT:]
             (state_dir / "state.json").write_text(json.dumps(asdict(state)))
 
+        if publish_adapter is not None:
+            assert adapter is not None, "publishing an adapter needs the peft model"
+            path = self.transport.write_adapter(
+                state.version, adapter, publish_adapter, add_trainer_state
+            )
+            return Path(path)
         return Path(self.transport.write(state.version, model, tokenizer, add_trainer_state))
 
     def load_state(self, version: int) -> TrainerState:

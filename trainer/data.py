@@ -11,7 +11,6 @@ Turns of one session share their tokens: the server extends a session's prompt t
 so turn k's prompt and reply are the first tokens of turn k+1's prompt. Such a sample rides
 in the row of the longer one (`share_prefixes`): one forward pass over turn k+1 scores turn
 k's reply too, at the very positions and with the very context its own pass would have had.
-Over the 31 batches of one demo this ran 46% fewer tokens through the model.
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ class MicroBatch:
     targets: torch.Tensor  # [N] the completion tokens
     logprobs: torch.Tensor  # [N] the behaviour log-probs recorded at serving (`logprobs`)
     advantages: torch.Tensor  # [N] the sample's advantage, per token
-    teacher: torch.Tensor  # [N] OPD teacher log-probs (0 where the sample has none)
-    opd_mask: torch.Tensor  # [N] 1.0 where the token has a teacher log-prob, else 0.0
+    signal: torch.Tensor  # [N] the objective's per-token signal (0 where a sample has none)
+    signal_mask: torch.Tensor  # [N] 1.0 where the token has a signal, else 0.0
     num_tokens: int  # T: tokens in the forward pass
     num_samples: int
     # (completion tokens, oldest version) of each sample, in row order
@@ -112,14 +111,14 @@ def pack_bins(samples: Sequence[BatchSample], max_tokens: int) -> list[list[Batc
 class _Columns:
     """The per-token columns of a micro-batch, filled sample by sample."""
 
-    def __init__(self, teacher: Mapping[str, Sequence[float]]) -> None:
-        self.teacher = teacher
+    def __init__(self, signal: Mapping[str, Sequence[float]]) -> None:
+        self.signal = signal
         self.logit_index: list[int] = []
         self.targets: list[int] = []
         self.logprobs: list[float] = []
         self.advantages: list[float] = []
-        self.teacher_lp: list[float] = []
-        self.opd_mask: list[float] = []
+        self.signal_values: list[float] = []
+        self.signal_mask: list[float] = []
         self.segments: list[tuple[int, int]] = []
 
     def add(self, sample: BatchSample, row_start: int) -> None:
@@ -130,26 +129,26 @@ class _Columns:
         self.targets += sample.completion_token_ids
         self.logprobs += sample.logprobs
         self.advantages += [sample.advantage] * n
-        taught = self.teacher.get(sample.key)
-        self.teacher_lp += list(taught) if taught is not None else [0.0] * n
-        self.opd_mask += [1.0 if taught is not None else 0.0] * n
+        given = self.signal.get(sample.key)
+        self.signal_values += list(given) if given is not None else [0.0] * n
+        self.signal_mask += [1.0 if given is not None else 0.0] * n
         self.segments.append((n, sample.min_version))
 
 
 def pack_rows(
     rows: Sequence[SharedRow],
     device: str = "cpu",
-    teacher: Mapping[str, Sequence[float]] | None = None,
+    signal: Mapping[str, Sequence[float]] | None = None,
 ) -> MicroBatch:
     """Pack rows into one micro-batch (positions restarting at 0 for each row).
 
-    `teacher` maps a sample key to its OPD teacher log-probs (one per completion token).
+    `signal` maps a sample key to the objective's values for it (one per completion token).
     """
     import torch
 
     ids: list[int] = []
     positions: list[int] = []
-    columns = _Columns(teacher or {})
+    columns = _Columns(signal or {})
     for row in rows:
         start = len(ids)
         ids += row.tokens
@@ -167,8 +166,8 @@ def pack_rows(
         targets=tensor(columns.targets, torch.long),
         logprobs=tensor(columns.logprobs),
         advantages=tensor(columns.advantages),
-        teacher=tensor(columns.teacher_lp),
-        opd_mask=tensor(columns.opd_mask),
+        signal=tensor(columns.signal_values),
+        signal_mask=tensor(columns.signal_mask),
         num_tokens=len(ids),
         num_samples=sum(len(row.samples) for row in rows),
         segments=columns.segments,
@@ -178,17 +177,17 @@ def pack_rows(
 def build_micro_batch(
     samples: Sequence[BatchSample],
     device: str = "cpu",
-    teacher: Mapping[str, Sequence[float]] | None = None,
+    signal: Mapping[str, Sequence[float]] | None = None,
 ) -> MicroBatch:
     """Pack samples into one row, each its own sequence (prompt + completion)."""
-    return pack_rows([SharedRow.of(s) for s in samples], device, teacher)
+    return pack_rows([SharedRow.of(s) for s in samples], device, signal)
 
 
 def micro_batches(
     samples: Sequence[BatchSample],
     max_tokens: int,
     device: str = "cpu",
-    teacher: Mapping[str, Sequence[float]] | None = None,
+    signal: Mapping[str, Sequence[float]] | None = None,
     *,
     share: bool = True,
 ) -> list[MicroBatch]:
@@ -197,4 +196,4 @@ def micro_batches(
     bins = first_fit_decreasing(
         rows, lambda r: r.num_tokens, max_tokens, lambda r: r.samples[-1].key
     )
-    return [pack_rows(b, device, teacher) for b in bins]
+    return [pack_rows(b, device, signal) for b in bins]

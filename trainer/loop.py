@@ -1,19 +1,19 @@
 """The training loop: batches in, policy versions out, never waiting on the server.
 
 `Trainer.run()` (rank 0) reads one batch, drops samples that are invalid or too stale for
-the current version, runs one update (`PPOUpdater`), lets the promotion gate probe the new
-weights (`liveloop.trainer.gate`), writes checkpoint `v<N>`, records it in the registry as
-accepted or rejected, announces it on `liveloop:weights`, prunes old checkpoints, and only
-then acknowledges the batch. After a rejection the trainer goes back to the last accepted
-version's weights and optimizer state (or, if so configured, trains on from the rejected
-ones); version numbers are never reused. With several ranks, rank 0 broadcasts every step's
-message (a batch, a revert, idle, or stop) and the others run `follow()`. After a restart
-the trainer resumes from its newest accepted checkpoint: weights, optimizer state, version,
-and the batch ids it has applied, so a re-delivered batch is not trained twice. Alongside,
-it exports each version's quality on served traffic (`liveloop.trainer.reporting`), and
-between updates its served-quality watch (`liveloop.trainer.watch`) compares the live
-versions' served reward and, after a clear fall, publishes the last good weights again.
-The gate and the watch, with their counters, live in `liveloop.trainer.guards`.
+the current version (or that the objective cannot learn from), runs one update
+(`PPOUpdater`), and asks its safeguards (`liveloop.trainer.safeguards`) for a decision on
+the new weights: serve or refuse. It writes checkpoint `v<N>` with the decision's status,
+records it in the registry, announces it on `liveloop:weights`, goes on from the weights the
+decision names (a refused version's predecessor, usually), prunes the checkpoints the
+decision does not protect, and only then acknowledges the batch. Version numbers are never
+reused. Between updates the safeguards' served-quality watch may decide to roll back:
+`_roll_back` carries that out in one place. With several ranks, rank 0 broadcasts every
+step's message (a batch, a revert, idle, or stop) and the others run `follow()`. After a
+restart the trainer resumes from where its newest checkpoint says training went on:
+weights, optimizer state, version, and the batch ids it has applied, so a re-delivered
+batch is not trained twice. Alongside, it exports each version's quality on served traffic
+(`liveloop.trainer.reporting`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from liveloop.quality import QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 from liveloop.trainer.dist import Comm
-from liveloop.trainer.guards import Safeguards
 from liveloop.trainer.metrics import TrainerMetrics
+from liveloop.trainer.objectives import objective_class
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater, UpdateStats
 from liveloop.trainer.reporting import QualityReporter
+from liveloop.trainer.safeguards.decisions import Decision
+from liveloop.trainer.safeguards.guards import Safeguards
 from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch, trainable_samples
-from liveloop.trainer.watch import Rollback
 from liveloop.weights import setup_weight_transport
 
 log = logging.getLogger(__name__)
@@ -85,13 +86,16 @@ class Trainer:
         self.shared = shared
         self.judging = judging or JudgeConfig()  # the promotion gate judges probe replies
         self.cfg = resolved_config(cfg, shared.model)
+        self.objective_class = objective_class(self.cfg.objective)  # a bad one stops start-up
         self.metrics = metrics or TrainerMetrics()
         self.comm = comm or Comm()
         self.store = CheckpointStore(shared.checkpoints_dir, self.cfg.keep_checkpoints)
         self.state = TrainerState(version=0, parent=None)
         self.next_version = 1
         self.updater: PPOUpdater | None = None
+        self._cache: dict[str, Any] = {}  # what the objective keeps across policy reloads
         self.guards = Safeguards(self.cfg, shared, self.judging, self.metrics)
+        self.lr_scale = 1.0  # of the configured rate, for the next update (decisions set it)
         self.quality: QualityStore | None = None
         self.updates_done = 0
         self.last_stats: UpdateStats | None = None
@@ -109,12 +113,12 @@ class Trainer:
     # -- set-up (every rank) -------------------------------------------------------------
 
     def setup(self) -> None:
-        """Load the policy from the newest accepted checkpoint (or the base model)."""
+        """Load the policy from where the newest checkpoint says training went on (or the
+        base model)."""
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no per-checkpoint progress bars in the logs
-        accepted_only = self.cfg.gate.on_reject == "revert"
-        latest = self.store.latest(accepted_only=accepted_only) if self.comm.is_main else None
+        latest = self.store.resume_point() if self.comm.is_main else None
         highest = max(self.store.versions(), default=0) if self.comm.is_main else 0
         latest, highest = self.comm.broadcast((latest, highest))
         self._load(latest)
@@ -125,7 +129,7 @@ class Trainer:
     def _load(self, version: int | None) -> None:
         """Weights, optimizer state and trainer state of a checkpoint (None: the base model)."""
         checkpoint = self.store.path_for(version) if version else None
-        reference_teacher = self.cfg.objective != "rl" and self.cfg.opd.teacher == "reference"
+        needs = self.objective_class.needs(self.cfg)
         policy = load_policy(
             self.shared.model,
             self.cfg.device,
@@ -134,11 +138,13 @@ class Trainer:
             with_reference=bool(self.cfg.kl_coef)
             or self.cfg.measure_drift
             or self.guards.gated
-            or reference_teacher,
+            or needs.reference,
         )
         if self.updater is not None:
             self.updater.close()
-        self.updater = PPOUpdater(policy, self.cfg, self.comm, model_name=self.shared.model)
+        self.updater = PPOUpdater(
+            policy, self.cfg, self.comm, model_name=self.shared.model, cache=self._cache
+        )
         if version:
             self.store.load_optimizer(version, self.updater.optimizer)
             self.state = self.store.load_state(version)
@@ -194,7 +200,7 @@ class Trainer:
         reporting = asyncio.create_task(reporter.run(self.cfg.quality_interval_s))
         status = "failed"
         try:
-            await self._start_gate(registry)
+            await self._start_gate(registry, client)
             await asyncio.to_thread(self.guards.start_watch, self.store, self.state)
             await self._lead_through_outages(client, registry, run_id)
             status = "finished"
@@ -206,9 +212,9 @@ class Trainer:
             registry.close()
             await client.aclose()
 
-    async def _start_gate(self, registry: Registry) -> None:
+    async def _start_gate(self, registry: Registry, client: aredis.Redis) -> None:
         """Probe version 0 and the serving version once, before the first update."""
-        gate = await self.guards.start_gate(self._updater().policy, self.version)
+        gate = await self.guards.start_gate(self._updater().policy, self.version, client)
         if gate is not None and gate.version0 is not None:
             probe = gate.version0.model_dump()
             await asyncio.to_thread(registry.record_version_quality, 0, probe=probe)
@@ -229,8 +235,7 @@ class Trainer:
             source = BatchSource(
                 client,
                 self.shared.data_dir,
-                consumer=self.cfg.consumer_name,
-                claim_idle_ms=self.cfg.claim_idle_ms,
+                self.cfg.consumer,
             )
             try:
                 await source.start()
@@ -304,12 +309,16 @@ class Trainer:
             await source.done(item)
             return None, StepMessage("idle")
         samples = trainable_samples(
-            item.samples, self.version, self.cfg.objective, self.shared.max_staleness, self.metrics
+            item.samples,
+            self.version,
+            self._updater().objective,
+            self.shared.max_staleness,
+            self.metrics,
         )
         if not samples:
             await source.done(item)
             return None, StepMessage("idle")
-        return item, StepMessage("batch", samples, lr_scale=self.guards.lr_scale())
+        return item, StepMessage("batch", samples, lr_scale=self.lr_scale)
 
     async def _apply(
         self,
@@ -320,44 +329,51 @@ class Trainer:
     ) -> None:
         self.metrics.batch_wait.observe(max(time.time() - item.batch.created_at, 0.0))
         samples = message.samples
+        policy = self._updater().policy
+        await self.guards.before_update(policy, self.version)
         stats = await asyncio.to_thread(self._updater().update, samples, message.lr_scale)
         if self.quality is not None:
             await self.quality.add_drift(stats.drift)
-        policy = self._updater().policy
         weights = await asyncio.to_thread(policy.export)  # probed as served, then saved
-        verdict = await self.guards.judge(policy, self.next_version, weights)
+        decision = await self.guards.after_update(policy, self.next_version, weights, self.version)
         started = time.perf_counter()
         metrics = stats.as_metrics()
         metrics["reward_mean"] = sum(s.score for s in samples) / len(samples)
-        accepted = verdict is None or verdict.accepted
         state = TrainerState(
             version=self.next_version,
             parent=self.version,
             applied_batches=[*self.state.applied_batches, item.batch.batch_id],
             metrics=metrics,
-            status="accepted" if accepted else "rejected",
-            reason=verdict.reason if verdict else None,
+            status=decision.status,
+            reason=decision.reason,
+            resume_from=decision.resume_from,
         )
         path = await asyncio.to_thread(self._save, state, weights)
         del weights
-        probe = verdict.probe.model_dump() if verdict is not None else None
+        probe = decision.probe.model_dump() if decision.probe is not None else None
         await publisher.publish(state, path, probe)
         self.next_version += 1
-        if accepted:
+        self.lr_scale = decision.lr_scale
+        if decision.status.servable:
             self.guards.went_live(state.version)
-        if accepted or self.cfg.gate.on_reject == "continue":
+        if decision.resume_from == state.version:
             self.state = state
         else:
-            await self._revert(self.version, state.applied_batches)
-        protect = frozenset({self.version}) | self.guards.keep()
-        pruned = await asyncio.to_thread(self.store.prune, protect)
-        await asyncio.to_thread(publisher.forget, pruned, self.guards.awaiting())
+            await self._revert(decision.resume_from, state.applied_batches)
+        await self._prune(decision, publisher)
         await source.done(item)
         self.updates_done += 1
         self.last_stats = stats
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
         log.info("v%d %s: %s", state.version, state.status, stats.describe())
+
+    async def _prune(self, decision: Decision, publisher: Publisher) -> None:
+        """Delete the checkpoints the decision does not protect, and their registry rows
+        (a version the watch has yet to judge keeps its row until it has been)."""
+        await asyncio.to_thread(self.store.prune, decision.protect | {self.version})
+        on_disk = frozenset(await asyncio.to_thread(self.store.versions))
+        await asyncio.to_thread(publisher.forget, on_disk, self.guards.awaiting())
 
     async def _revert(self, target: int, applied: list[str]) -> None:
         """Back to `target`'s weights and optimizer (on every rank), keeping the batches
@@ -370,15 +386,19 @@ class Trainer:
     # -- the served-quality watch (rank 0) -----------------------------------------------
 
     async def _watch_served(self, publisher: Publisher) -> None:
-        """Every few seconds, compare the live versions' served reward; roll back if bad."""
-        rollback = await self.guards.check_served(self.quality)
-        if rollback is not None:
-            await self._roll_back(rollback, publisher)
+        """Every few seconds, the watch looks at the live versions; roll back if it says so."""
+        decision = await self.guards.check_served(self.quality)
+        if decision is not None:
+            await self._roll_back(decision, publisher)
 
-    async def _roll_back(self, rollback: Rollback, publisher: Publisher) -> None:
-        """Publish the good version's weights again, as a new version (on every rank)."""
+    async def _roll_back(self, decision: Decision, publisher: Publisher) -> None:
+        """A rollback, whole: the target's weights (on every rank) published again as a new
+        version (servers only move forward), the abandoned versions marked rolled back in
+        the registry with their reasons, the safeguards told, the next update slowed."""
+        rollback = decision.rollback
+        assert rollback is not None
         log.warning("rolling back to v%d: %s", rollback.target, rollback.reason)
-        await self._revert(rollback.target, self.state.applied_batches)
+        await self._revert(decision.resume_from, self.state.applied_batches)
         state = TrainerState(
             version=self.next_version,
             parent=rollback.target,
@@ -390,13 +410,20 @@ class Trainer:
         await publisher.publish(state, path)
         await asyncio.to_thread(publisher.mark_rolled_back, rollback.reasons(state.version))
         self.state, self.next_version = state, self.next_version + 1
+        self.lr_scale = decision.lr_scale
         self.guards.rolled_back(rollback, state.version)
         self.metrics.version.set(self.version)
 
     def _save(self, state: TrainerState, weights: Any = None) -> Path:
-        """Checkpoint `state` with `weights` (the policy exported, by default)."""
+        """Checkpoint `state` with `weights` (the policy exported, by default), or, when
+        versions are published as adapters, with the policy's adapter alone."""
         updater = self._updater()
         policy = updater.policy
         adapter = policy.model if policy.lora else None
-        weights = weights if weights is not None else policy.export()
-        return self.store.save(weights, policy.tokenizer, updater.optimizer, state, adapter=adapter)
+        name = self.cfg.lora.adapter_name if self.cfg.publishes_adapters else None
+        if name is None and weights is None:
+            weights = policy.export()
+        return self.store.save(
+            weights, policy.tokenizer, updater.optimizer, state, adapter=adapter,
+            publish_adapter=name,
+        )  # fmt: skip

@@ -18,13 +18,12 @@ which keeps the arithmetic and its gradient checkable by hand.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from liveloop.config.base import Objective
+from liveloop.config.trainer import TrainerConfig
 
 # exp() of a log importance weight above this is reported as exp(_MAX_LOG_W): avoids inf.
 _MAX_LOG_W = 30.0
@@ -32,13 +31,25 @@ _MAX_LOG_W = 30.0
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Hyper-parameters of the objective (a subset of `TrainerConfig`)."""
+    """Hyper-parameters of the loss: the subset of `TrainerConfig` it reads (defaults there)."""
 
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    iw_cap: float = 5.0
-    iw_cap_mode: Literal["mask", "clamp"] = "mask"
-    kl_coef: float = 0.0
+    eps_low: float
+    eps_high: float
+    iw_cap: float
+    iw_cap_mode: Literal["mask", "clamp"]
+    kl_coef: float  # 0: no KL penalty to the reference
+
+    @classmethod
+    def of(cls, cfg: TrainerConfig, **overrides: float | str) -> LossConfig:
+        """From the trainer settings (an unset `kl_coef` is 0), with `overrides` applied."""
+        values = {
+            "eps_low": cfg.eps_low,
+            "eps_high": cfg.eps_high,
+            "iw_cap": cfg.iw_cap,
+            "iw_cap_mode": cfg.iw_cap_mode,
+            "kl_coef": cfg.kl_coef or 0.0,
+        }
+        return cls(**{**values, **overrides})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -62,74 +73,6 @@ def k3_kl(logp_sampling: torch.Tensor, logp_other: torch.Tensor) -> torch.Tensor
     """
     d = logp_other - logp_sampling
     return torch.exp(d) - d - 1.0
-
-
-@dataclass(frozen=True)
-class AdvantageConfig:
-    """How token advantages are made: the objective, its weights and the OPD clamp."""
-
-    objective: Objective = "rl"
-    rl_weight: float = 1.0
-    opd_weight: float = 1.0
-    opd_clip: float | None = 5.0
-    opd_center: bool = False
-
-
-def opd_advantages(
-    teacher: torch.Tensor,
-    proximal: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float | None,
-    lengths: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """log pi_teacher - log pi_proximal per token (clamped to +-clip), 0 where `mask` is 0.
-
-    With `lengths` (completion tokens of each reply, in row order), each reply's taught
-    tokens are centred on their own mean: a baseline per reply, which leaves the expected
-    gradient as it is but drops the push on every sampled token at once that a teacher
-    surprised by the whole reply gives (it raises the student's entropy).
-    """
-    gap = (teacher - proximal).detach()
-    if clip is not None:
-        gap = gap.clamp(-clip, clip)
-    gap = gap * mask
-    if lengths is None:
-        return gap
-    parts = []
-    for g, m in zip(gap.split(list(lengths)), mask.split(list(lengths)), strict=True):
-        taught = m.sum()
-        parts.append(g - m * (g.sum() / taught) if taught > 0 else g)
-    return torch.cat(parts) if parts else gap
-
-
-def opd_term(
-    teacher: torch.Tensor,
-    proximal: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: AdvantageConfig,
-    lengths: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """`opd_weight` x the OPD advantage, centred per reply when `cfg.opd_center`.
-
-    `lengths`: completion tokens of each reply in row order, needed when `cfg.opd_center`.
-    """
-    if cfg.opd_center and lengths is None:
-        raise ValueError("centred OPD advantages need each reply's length")
-    per_reply = lengths if cfg.opd_center else None
-    return cfg.opd_weight * opd_advantages(teacher, proximal, mask, cfg.opd_clip, per_reply)
-
-
-def token_advantages(
-    scalar: torch.Tensor, opd: torch.Tensor | None, cfg: AdvantageConfig
-) -> torch.Tensor:
-    """Each token's advantage under the objective, from the scalar advantage and `opd_term`."""
-    if cfg.objective == "rl":
-        return scalar.detach()
-    if opd is None:
-        raise ValueError(f"the {cfg.objective!r} objective needs the OPD term")
-    if cfg.objective == "opd":
-        return opd
-    return cfg.rl_weight * scalar.detach() + opd
 
 
 def importance_weights(

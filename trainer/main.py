@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry
 
 from liveloop.config import JudgeConfig, SharedSettings, TrainerConfig
-from liveloop.probes import LoopProbes
+from liveloop.health import LoopHealth
 from liveloop.trainer.dist import Comm
 from liveloop.trainer.loop import Trainer
 from liveloop.trainer.metrics import TrainerMetrics
@@ -50,17 +50,17 @@ def run(shared: SharedSettings, cfg: TrainerConfig, judging: JudgeConfig) -> Non
     """
     comm = Comm.from_environment(cfg.device)
     metrics = TrainerMetrics(CollectorRegistry())
-    probes = LoopProbes(metrics.registry, shared.redis_url)
+    health = LoopHealth(metrics.registry, shared.redis_url)
     if comm.is_main and shared.metrics_port is not None:
-        probes.start(shared.metrics_port, shared.host)
+        health.start(shared.metrics_port, shared.host)
     trainer = Trainer(shared, cfg, judging=judging, metrics=metrics, comm=comm)
     try:
-        probes.mark_ready()
+        health.mark_ready()
         with stop_on_signals(trainer.stop):
             if comm.is_main:
                 asyncio.run(trainer.run())
             else:
                 trainer.follow()
     finally:
-        probes.stop()
+        health.stop()
         comm.close()

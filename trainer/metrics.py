@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from liveloop.trainer.ppo import UpdateStats
-from liveloop.trainer.probes import ProbeResult
+if TYPE_CHECKING:
+    from liveloop.trainer.ppo import UpdateStats
+    from liveloop.trainer.safeguards.probing import ProbeResult
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
@@ -57,7 +60,7 @@ class TrainerMetrics:
             registry=r,
         )
 
-        self._opd_metrics()
+        self._objective_metrics()
         self.gate_verdicts = Counter(
             "liveloop_gate_verdicts",
             "Promotion-gate verdicts on new versions, by outcome (accepted, rejected).",
@@ -82,48 +85,29 @@ class TrainerMetrics:
             registry=r,
         )
 
-    def _opd_metrics(self) -> None:
+    def _objective_metrics(self) -> None:
         r = self.registry
-        g = self._gauge
-        self.hint_share = g(
+        self.hint_share = self._gauge(
             "hint_share", "Share of the last batch's samples with a directive hint."
         )
-        self.opd_advantage = g("opd_advantage", "Mean OPD advantage per taught token, last update.")
-        self.opd_gap = Gauge(
-            "liveloop_trainer_opd_gap",
-            "Mean |log pi_student - log pi_teacher| on the taught tokens of the last update, "
-            "measured before and after it.",
-            ["when"],
-            registry=r,
-        )
-        self.opd_seconds = g("opd_seconds", "Teacher time of the last update.")
         self.hinted = Counter(
             "liveloop_trainer_hinted_samples", "Samples with a directive hint.", registry=r
         )
-        self.opd_samples = Counter(
-            "liveloop_trainer_opd_samples", "Samples trained with a teacher signal.", registry=r
-        )
-        self.opd_skipped = Counter(
-            "liveloop_trainer_opd_skipped",
-            "Hinted samples trained without a teacher signal, by reason (template, mismatch, "
-            "too_long, time_budget, teacher_error).",
-            ["reason"],
+        self.objective = Gauge(
+            "liveloop_trainer_objective",
+            "The training objective's own figures of the last update, by measure (for 'opd' "
+            "and 'combine': opd_samples, opd_advantage, opd_gap_before, opd_gap_after, "
+            "opd_seconds, opd_skipped_<reason>).",
+            ["measure"],
             registry=r,
         )
 
-    def observe_opd(self, stats: UpdateStats) -> None:
-        """Record the on-policy distillation part of one update."""
+    def observe_objective(self, stats: UpdateStats) -> None:
+        """Record the hints of one update and its objective's own figures."""
         self.hint_share.set(stats.hint_share)
         self.hinted.inc(stats.hinted)
-        self.opd_samples.inc(stats.opd_samples)
-        for reason, count in stats.opd_skipped.items():
-            self.opd_skipped.labels(reason).inc(count)
-        if stats.opd_samples:
-            self.opd_advantage.set(stats.opd_advantage)
-            self.opd_gap.labels("before").set(stats.opd_gap_before)
-            if stats.opd_gap_after is not None:
-                self.opd_gap.labels("after").set(stats.opd_gap_after)
-            self.opd_seconds.set(stats.opd_seconds)
+        for measure, value in stats.objective.metrics.items():
+            self.objective.labels(measure).set(value)
 
     def observe_gate(self, accepted: bool, probe: ProbeResult) -> None:
         """Record one gate verdict and the candidate's probe measures."""
@@ -158,4 +142,4 @@ class TrainerMetrics:
         self.tokens_per_s.set(stats.tokens_per_s)
         self.tokens.inc(stats.forward_tokens)
         self.samples.inc(stats.samples)
-        self.observe_opd(stats)
+        self.observe_objective(stats)

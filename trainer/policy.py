@@ -1,8 +1,8 @@
 """The trainable policy: loading (fresh or from a checkpoint), LoRA, reference, export.
 
 The trainer always starts from `settings.model` (version 0) or from its newest checkpoint.
-With LoRA the adapters are trained on top of the base weights and merged into a full copy
-at checkpoint time, because the server loads plain weights only. Log-probs of completion
+With LoRA the adapters are trained on top of the base weights; a version is published as
+the adapter alone, or merged into a full copy (`trainer.publish`). Log-probs of completion
 tokens are computed here, projecting only the positions that predict completion tokens.
 """
 
@@ -97,6 +97,15 @@ def _wrap_lora(model: Any, lora: LoraSettings) -> Any:
     return get_peft_model(model, config)
 
 
+def _adapter_of(checkpoint: Path) -> Path | None:
+    """The LoRA adapter a checkpoint resumes from: the version itself when it was published
+    as an adapter, else the copy kept beside its merged weights (None: there is none)."""
+    for place in (checkpoint, checkpoint / "trainer_state" / "adapter"):
+        if (place / "adapter_config.json").is_file():
+            return place
+    return None
+
+
 def load_policy(
     model_spec: str,
     device: str,
@@ -117,8 +126,8 @@ def load_policy(
     model: Any = loaded.model
     reference = None
     if lora.enabled:
-        adapter = checkpoint / "trainer_state" / "adapter" if checkpoint else None
-        if adapter is not None and adapter.is_dir():
+        adapter = _adapter_of(checkpoint) if checkpoint else None
+        if adapter is not None:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import redis.asyncio as aredis
 from pydantic import ValidationError
 
 from liveloop import bus
-from liveloop.config.base import Objective
-from liveloop.contracts import BatchSample, TrainingBatch, WeightsAnnouncement
+from liveloop.bus.codec import Entry
+from liveloop.config.consumer import ConsumerSettings
+from liveloop.contracts import BatchSample, TrainingBatch, VersionStatus, WeightsAnnouncement
 from liveloop.registry import Registry
 from liveloop.samples import staleness, untrainable, within_staleness
 from liveloop.trainer.checkpoints import TrainerState
 from liveloop.trainer.metrics import TrainerMetrics
-from liveloop.weights import WeightTransport
+from liveloop.trainer.objectives import Objective
+from liveloop.weights import WeightTransport, adapter_name_of
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,8 @@ def trainable_samples(
     """Valid samples within the staleness bound of `version` (the collector's checks,
     applied again: the trainer may have moved on since the batch was packed).
 
-    Under the 'opd' objective a sample without a directive hint has nothing to learn
-    from, and is dropped too (counted as 'no_hint').
+    A sample the objective cannot learn from (the 'opd' objective's turns without a
+    directive hint) is dropped too, counted under the reason the objective gives.
     """
     kept = []
     for sample in samples:
@@ -67,8 +70,9 @@ def trainable_samples(
             log.warning("dropping sample %s: %s", sample.key, problem.detail)
             metrics.dropped.labels("invalid").inc()
             continue
-        if objective == "opd" and sample.hint is None:
-            metrics.dropped.labels("no_hint").inc()
+        reason = objective.rejects(sample)
+        if reason is not None:
+            metrics.dropped.labels(reason).inc()
             continue
         if not within_staleness(sample, version, max_staleness):
             metrics.dropped.labels("stale").inc()
@@ -85,9 +89,8 @@ class BatchSource:
         self,
         client: aredis.Redis,
         data_dir: Path,
+        settings: ConsumerSettings,
         *,
-        consumer: str | None = None,
-        claim_idle_ms: int = 600_000,
         max_attempts: int = 3,
     ) -> None:
         self.data_dir = Path(data_dir)
@@ -95,11 +98,12 @@ class BatchSource:
             client,
             bus.BATCHES,
             bus.TRAINER_GROUP,
-            consumer,
-            claim_idle_ms=claim_idle_ms,
+            settings.name,
+            claim_idle_ms=settings.claim_idle_ms,
             max_attempts=max_attempts,
-            count=1,
+            count=settings.read_count,
         )
+        self._read: deque[Entry] = deque()  # read, not yet handed out
 
     async def start(self) -> None:
         """Create the consumer group if needed."""
@@ -107,7 +111,10 @@ class BatchSource:
 
     async def next(self, block_ms: int) -> ReceivedBatch | None:
         """The next readable batch, or None when nothing arrived within `block_ms`."""
-        for entry in await self.consumer.read(block_ms=block_ms):
+        if not self._read:
+            self._read.extend(await self.consumer.read(block_ms=block_ms))
+        while self._read:
+            entry = self._read.popleft()
             file: Path | None = None
             try:
                 batch = entry.parse(TrainingBatch)
@@ -138,7 +145,6 @@ class Publisher:
         self.transport = transport
         self.registry = registry
         self.run_id = run_id
-        self._deferred: set[int] = set()  # pruned while the watch had yet to judge them
 
     def record(
         self,
@@ -147,7 +153,7 @@ class Publisher:
         parent: int | None,
         metrics: dict[str, float],
         *,
-        status: str = "accepted",
+        status: VersionStatus = VersionStatus.ACCEPTED,
         reason: str | None = None,
     ) -> None:
         """Add the version to the registry (a no-op if it is there already)."""
@@ -162,13 +168,14 @@ class Publisher:
         parent: int | None,
         metrics: dict[str, float],
         *,
-        status: Literal["accepted", "rejected"] = "accepted",
+        status: VersionStatus = VersionStatus.ACCEPTED,
         reason: str | None = None,
     ) -> bool:
         """Announce the version; False when this (version, path) was announced before.
 
         A rejected version is announced too, so that every server can show it as refused.
         """
+        adapter = adapter_name_of(path)
         payload = WeightsAnnouncement(
             version=version,
             path=str(path),
@@ -176,6 +183,8 @@ class Publisher:
             metrics=metrics,
             status=status,
             reason=reason,
+            kind="adapter" if adapter is not None else "full",
+            adapter=adapter,
         )
         return await self.transport.announce(payload)
 
@@ -183,9 +192,7 @@ class Publisher:
         self, state: TrainerState, path: Path, probe: dict[str, Any] | None = None
     ) -> None:
         """Record a trained version (and its gate probe, if any) in the registry, announce it."""
-        status: Literal["accepted", "rejected"] = (
-            "accepted" if state.status == "accepted" else "rejected"
-        )
+        status = state.status
         await asyncio.to_thread(
             self.record,
             state.version,
@@ -196,7 +203,7 @@ class Publisher:
             reason=state.reason,
         )
         if probe is not None:
-            probe = {**probe, "status": status, "reason": state.reason}  # outlives a pruned row
+            probe = {**probe, "status": str(status), "reason": state.reason}  # outlives its row
             await asyncio.to_thread(
                 self.registry.record_version_quality, state.version, probe=probe
             )
@@ -207,21 +214,19 @@ class Publisher:
     def mark_rolled_back(self, reasons: dict[int, str]) -> None:
         """Record that these served versions were rolled back (served-quality watch), and why."""
         for version, reason in reasons.items():
-            self.registry.set_model_version_status(version, "rolled_back", reason)
+            self.registry.set_model_version_status(version, VersionStatus.ROLLED_BACK, reason)
 
-    def forget(self, versions: list[int], awaiting: frozenset[int] = frozenset()) -> None:
-        """Drop pruned versions from the registry (their checkpoints are gone).
+    def forget(self, on_disk: frozenset[int], keep: frozenset[int] = frozenset()) -> list[int]:
+        """Drop the accepted versions whose checkpoints are gone from the registry; returns
+        them.
 
         Refused and rolled-back versions stay, with their reason: the record of a refusal
-        matters more than the checkpoint it refused. A version the served-quality watch has
-        yet to judge (`awaiting`) stays until it has been: if the watch finds it bad, the
-        rollback's record needs its row, checkpoint or not.
+        matters more than the checkpoint it refused. A version in `keep` (one the
+        served-quality watch has yet to judge) stays until it is no longer there: if the
+        watch finds it bad, the rollback's record needs its row, checkpoint or not.
         """
-        self._deferred |= set(versions) & awaiting
-        due = sorted((set(versions) | self._deferred) - awaiting)
-        self._deferred &= awaiting
-        for version in due:
-            info = self.registry.get_model_version(version)
-            if info is not None and info.status != "accepted":
-                continue
+        accepted = self.registry.list_model_versions(status=VersionStatus.ACCEPTED)
+        gone = sorted(v.version for v in accepted if v.version not in on_disk | keep)
+        for version in gone:
             self.registry.delete_model_version(version)
+        return gone

@@ -7,7 +7,10 @@
 - `once`: exactly-once writes (an entry and its dedupe marker in one atomic step), and
   `publish` for producers;
 - `consumer`: `StreamConsumer`, at-least-once consumption in a consumer group with
-  in-flight tracking, retry backoff, dead-lettering and pipelined acknowledgements.
+  in-flight tracking, retry backoff, dead-lettering and pipelined acknowledgements;
+- `retention` and `archive`: what every group is done with, archived to disk and trimmed
+  (run by the collecting loop), read back by replays; `archive_purge` deletes a tenant's
+  entries from that archive.
 """
 
 from liveloop.bus import keys

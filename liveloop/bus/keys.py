@@ -32,6 +32,16 @@ PRM_GROUP = "prm"
 COLLECTOR_GROUP = "collector"
 TRAINER_GROUP = "trainer"
 
+READERS: dict[str, tuple[str, ...]] = {
+    TURNS: (PRM_GROUP,),
+    FEEDBACK: (PRM_GROUP,),
+    SCORED: (COLLECTOR_GROUP,),
+    BATCHES: (TRAINER_GROUP,),
+    WEIGHTS: (),
+}
+"""The consumer groups that read each public stream (none for `weights`: servers XREAD it);
+retention trims nothing of a stream before each of its groups exists and has acknowledged."""
+
 
 def stream_key(name: str) -> str:
     """Full key of a stream name (`turns` -> `liveloop:turns`); full keys pass through."""
@@ -61,6 +71,11 @@ def retry_key(stream: str, group: str) -> str:
 def batch_members() -> str:
     """Sorted set of the turn keys already part of a published batch (scored by time)."""
     return stream_key(BATCHES) + ":members"
+
+
+# Retention (collecting loop, see `liveloop.bus.retention`) --------------------------------
+RETENTION_LOCK = PREFIX + "retention:lock"
+"""Held (SET NX PX) by the one collector that archives and trims the streams at a time."""
 
 
 # Collecting loop ------------------------------------------------------------------------

@@ -1,28 +1,32 @@
 """One settings tree for every LiveLoop process.
 
-Values come, from lowest to highest precedence, from the field defaults, a TOML file
-(`--config FILE.toml`), `LIVELOOP_*` environment variables (nested sections with `__`,
-e.g. `LIVELOOP_TRAINER__LR=1e-5`), and CLI flags. Unknown keys and bad values raise
-`ConfigError` naming the key.
+Values come, from lowest to highest precedence, from the field defaults, TOML files
+(`--config FILE.toml`, repeatable: a later file overrides an earlier one key by key, so a
+demo preset can sit under your own file), `LIVELOOP_*` environment variables (nested
+sections with `__`, e.g. `LIVELOOP_TRAINER__LR=1e-5`), and CLI flags. Unknown keys and bad
+values raise `ConfigError` naming the key.
 """
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from pydantic import Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
 from liveloop.config.base import ConfigError
 from liveloop.config.collector import CollectorConfig
 from liveloop.config.demo import DemoConfig
 from liveloop.config.prm import JudgeConfig, LLMJudgeConfig
+from liveloop.config.retention import RetentionSettings
 from liveloop.config.server import ServerConfig
 from liveloop.config.sglang import SGLangConfig
 from liveloop.config.shared import AuthSettings, SharedSettings
@@ -37,6 +41,7 @@ __all__ = [
     "LLMJudgeConfig",
     "LiveLoopSettings",
     "LoraSettings",
+    "RetentionSettings",
     "SGLangConfig",
     "ServerConfig",
     "SharedSettings",
@@ -55,6 +60,8 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
         validate_assignment=True,
     )
 
+    config_files: ClassVar[list[Path]] = []  # TOML files read, lowest precedence first
+
     api_keys: str = Field(
         "", description="Comma-separated API keys accepted as Bearer tokens; empty = open."
     )
@@ -64,6 +71,7 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     demo: DemoConfig = Field(default_factory=DemoConfig)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -74,8 +82,8 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """CLI flags (init kwargs) > environment > TOML file > defaults."""
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+        """CLI flags (init kwargs) > environment > TOML files > defaults."""
+        return (init_settings, env_settings, LayeredToml(settings_cls, cls.config_files))
 
     @model_validator(mode="after")
     def _admin_key_is_not_an_api_key(self) -> Self:
@@ -100,6 +108,36 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
         return [k.strip() for k in self.api_keys.split(",") if k.strip()]
 
 
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, table by table (a nested table is merged, not replaced)."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+class LayeredToml(PydanticBaseSettingsSource):
+    """Several TOML files, each deep-merged over the ones before it."""
+
+    def __init__(self, settings_cls: type[BaseSettings], files: list[Path]) -> None:
+        super().__init__(settings_cls)
+        self.files = files
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: `__call__` returns the merged tables at once."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for path in self.files:
+            with open(path, "rb") as fh:
+                merged = deep_merge(merged, tomllib.load(fh))
+        return merged
+
+
 def _format_validation_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -111,20 +149,27 @@ def _format_validation_error(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
-def load_settings(config_file: Path | str | None = None, **overrides: Any) -> LiveLoopSettings:
+def load_settings(
+    config_file: Path | str | Sequence[Path | str] | None = None, **overrides: Any
+) -> LiveLoopSettings:
     """Build the settings tree; raises ConfigError naming the bad key.
 
+    `config_file`: one TOML file or several (later ones override earlier ones key by key).
     `overrides` are CLI flags: dotted or nested values (`{"trainer": {"lr": 1e-4}}`);
     `None` values are ignored so unset flags do not shadow env or TOML.
     """
-    toml_path: Path | None = None
-    if config_file is not None:
-        toml_path = Path(config_file)
-        if not toml_path.is_file():
-            raise ConfigError(f"config file not found: {toml_path}")
+    if config_file is None:
+        files: list[Path] = []
+    elif isinstance(config_file, str | Path):
+        files = [Path(config_file)]
+    else:
+        files = [Path(f) for f in config_file]
+    for path in files:
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
 
     class _Settings(LiveLoopSettings):
-        model_config = SettingsConfigDict(toml_file=toml_path)
+        config_files: ClassVar[list[Path]] = files
 
     clean = {k: v for k, v in overrides.items() if v is not None}
     try:
@@ -132,4 +177,5 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Li
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc)) from None
     except (OSError, ValueError) as exc:  # TOML syntax errors and unreadable files
-        raise ConfigError(f"cannot read config {toml_path}: {exc}") from None
+        names = ", ".join(str(f) for f in files)
+        raise ConfigError(f"cannot read config {names}: {exc}") from None

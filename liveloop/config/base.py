@@ -1,11 +1,6 @@
 """Shared base of config sections (unknown keys are errors, not silently ignored), and the error."""
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict
-
-# What each trained token's advantage is made of (`trainer.objective`, `demo.objectives`).
-Objective = Literal["rl", "opd", "combine"]
 
 
 class Section(BaseModel):

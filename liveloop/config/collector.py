@@ -5,6 +5,7 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from liveloop.config.base import Section
+from liveloop.config.consumer import ConsumerSettings, consumer_defaults
 
 BaselineScope = Literal["judge", "task"]
 """What a lone turn's reward baseline is kept per (`CollectorConfig.baseline_scope`)."""
@@ -71,9 +72,7 @@ class CollectorConfig(Section):
             "judge, system prompt and offered tools (the judge's until that task has "
             "`baseline_min_task_turns` scores), so a task that always fails or always "
             "succeeds does not push its replies down or up against the others; for "
-            "deployments where agents of very different success share a judge. Not the "
-            "default: two smollm2 demos with it gained +0.67 and +0.34, within the spread of "
-            "'judge' (+0.30 to +0.72; see the README)."
+            "deployments where agents of very different success share a judge."
         ),
     )
     baseline_min_task_turns: int = Field(
@@ -97,24 +96,17 @@ class CollectorConfig(Section):
         gt=0,
         description="How often the trainer's current version is re-read from liveloop:weights.",
     )
-    read_count: int = Field(256, ge=1, description="Entries read per XREADGROUP call.")
-    claim_idle_ms: int = Field(
-        120_000,
-        ge=1000,
-        description=(
-            "Pending entries idle this long are reclaimed from dead collectors; keep it well "
-            "above (max_wait_s + group_wait_s), since turns stay pending until batched."
-        ),
-    )
-    consumer_name: str | None = Field(
-        None, description="Consumer name in the group `collector` (default: host-pid)."
+    consumer: ConsumerSettings = Field(
+        default_factory=lambda: consumer_defaults(claim_idle_ms=120_000, read_count=256),
+        description="The collector in consumer group `collector`; keep claim_idle_ms well "
+        "above (max_wait_s + group_wait_s), since turns stay pending until batched.",
     )
 
     @model_validator(mode="after")
     def _claim_after_wait(self) -> Self:
         """Turns stay pending while they wait for a batch: others must not reclaim them."""
-        if self.claim_idle_ms < 2000 * (self.max_wait_s + self.group_wait_s):
+        if self.consumer.claim_idle_ms < 2000 * (self.max_wait_s + self.group_wait_s):
             raise ValueError(
-                "claim_idle_ms must be at least twice (max_wait_s + group_wait_s), in ms"
+                "consumer.claim_idle_ms must be at least twice (max_wait_s + group_wait_s), in ms"
             )
         return self

@@ -2,7 +2,8 @@
 
 from pydantic import Field
 
-from liveloop.config.base import Objective, Section
+from liveloop.config.base import Section
+from liveloop.config.objective import BuiltinObjective
 
 
 class DemoConfig(Section):
@@ -11,22 +12,20 @@ class DemoConfig(Section):
     minutes: float = Field(15.0, gt=0, description="Length of the demo run.")
     users: int = Field(8, ge=1, description="Concurrent simulated users.")
     seed: int = Field(0, description="Seed of the simulated user population.")
-    turns_per_update: int | None = Field(
-        None,
+    turns_per_update: int = Field(
+        0,
         ge=0,
         description="Pace the users by the trainer: before each request they wait while the "
         "judged turns number this many per published version or more, so the cores go to "
-        "learning rather than to turns that are never trained on. 0: users talk as fast as "
-        "they are answered. Unset: the model's measured default (liveloop.config.defaults).",
+        "learning rather than to turns that are never trained on (the collector then packs "
+        "up to this many turns a batch). 0: users talk as fast as they are answered.",
     )
     window_turns: int = Field(64, ge=4, description="Turns in the first/last window of the report.")
-    objectives: list[Objective] | None = Field(
-        None,
+    objectives: list[BuiltinObjective] = Field(
+        default_factory=lambda: list[BuiltinObjective](["rl"]),
         min_length=1,
         description="Training objectives to run, one after the other, each for `minutes` with "
-        "the same users; the report compares their reward curves when there are several. "
-        "Unset: the model's measured default (liveloop.config.defaults: 'combine' for "
-        "tiny-random, 'rl' for smollm2-135m and other models).",
+        "the same users; the report compares their reward curves when there are several.",
     )
     reward_threshold: float = Field(
         0.5,

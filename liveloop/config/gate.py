@@ -16,15 +16,37 @@ class GateSettings(Section):
     """
 
     enabled: bool = Field(True, description="Gate every new version before it is announced.")
-    prompts: list[str] = Field(
-        default_factory=list,
-        description=(
-            "Operator probe prompts (a user message each). Empty: held-out simulated users, "
-            "who also react to each reply so the rules judge can score it. Prompts alone have "
-            "no next state: use a judge that scores without one (e.g. 'llm')."
-        ),
+    probe_source: str = Field(
+        "auto",
+        description="Where the probes come from: 'prompts' (trainer.gate.prompts), 'served' (a "
+        "seeded sample of recently served requests, drawn again every refresh_versions "
+        "versions), 'auto' ('prompts' when any are set, else 'served'), or the name of a "
+        "source in the 'liveloop.probe_sources' entry points ('demo': the demo's held-out "
+        "simulated users, who also react to each reply). Served requests and prompts have no "
+        "next state: the gate's reward needs a judge that scores a reply alone (e.g. 'llm'); "
+        "the drift and quality bounds apply either way.",
     )
-    probe_users: int = Field(16, ge=1, description="Held-out simulated users, one question each.")
+    prompts: list[str] = Field(
+        default_factory=list, description="Operator probe prompts (a user message each)."
+    )
+    served_probes: int = Field(
+        16, ge=1, description="Served requests drawn as probes ('served' source)."
+    )
+    served_scan: int = Field(
+        2000,
+        ge=1,
+        description="How many of the newest entries of liveloop:turns the 'served' source "
+        "draws from.",
+    )
+    refresh_versions: int = Field(
+        10,
+        ge=1,
+        description="A refreshing source ('served') draws a new probe set every this many "
+        "versions; version 0 and the serving version are probed on it again first.",
+    )
+    probe_users: int = Field(
+        16, ge=1, description="Held-out simulated users, one question each ('demo' source)."
+    )
     seed: int = Field(10_000, description="Seed of the probe questions and of the probe sampling.")
     max_tokens: int | None = Field(
         None, ge=1, description="Reply budget of a probe (default: the model's demo budget, or 64)."

@@ -38,11 +38,27 @@ class TeacherEndpoint(Section):
 class OPDSettings(Section):
     """How directive hints become token-level advantages (`trainer.objective` opd/combine)."""
 
-    teacher: Literal["policy", "reference", "endpoint"] = Field(
+    teacher: Literal["policy", "reference", "model", "endpoint"] = Field(
         "policy",
         description="Who scores the sampled tokens under the hinted prompt: 'policy' (the "
         "weights being trained, before the update: self-distillation), 'reference' (the frozen "
-        "initial weights) or 'endpoint' (another model served over HTTP, `trainer.opd.endpoint`).",
+        "initial weights), 'model' (another local model, `trainer.opd.teacher_model`, loaded "
+        "frozen in the trainer; it must share the policy's tokenizer) or 'endpoint' (another "
+        "model served over HTTP, `trainer.opd.endpoint`).",
+    )
+    teacher_model: str | None = Field(
+        None,
+        description="The teacher for teacher = 'model': a model spec like --model's (an "
+        "alias, a local Hugging Face directory or a .gguf file).",
+    )
+    advantage: Literal["plain", "contrastive"] = Field(
+        "plain",
+        description="The token advantage: 'plain', log pi_teacher(token | prompt + hint) - "
+        "log pi_proximal(token | prompt); 'contrastive', log pi_teacher(token | prompt + hint) "
+        "- log pi_teacher(token | prompt), the hint's own effect on the teacher (two teacher "
+        "passes; with the policy as teacher the two are the same). A teacher that is another "
+        "model differs from the student everywhere, not only where the hint matters: "
+        "'contrastive' removes that mismatch.",
     )
     endpoint: TeacherEndpoint = Field(default_factory=TeacherEndpoint)
     rl_weight: float = Field(
@@ -60,14 +76,12 @@ class OPDSettings(Section):
         False,
         description="Centre each reply's OPD token advantages on their mean (a per-reply "
         "baseline): a teacher that finds the whole reply unlikely then no longer pushes down "
-        "every sampled token at once. It keeps the expected gradient; on smollm2-135m it did "
-        "not stop the first update from moving replies off topic, so it is off by default.",
+        "every sampled token at once. It keeps the expected gradient.",
     )
     hint_role: str = Field(
         "system",
         description="Role of the extra message the hint is rendered as, between the request "
-        "and the assistant's reply ('system' or 'user'; with SmolLM2 a system message moved "
-        "the teacher more than a user message, measured on its own replies).",
+        "and the assistant's reply ('system' or 'user').",
     )
     hint_template: str = Field(
         "{hint}", description="Text of that message; '{hint}' is replaced by the hint."
@@ -98,7 +112,9 @@ class OPDSettings(Section):
         return template
 
     @model_validator(mode="after")
-    def _endpoint_named(self) -> "OPDSettings":
+    def _teacher_named(self) -> "OPDSettings":
         if self.teacher == "endpoint" and not self.endpoint.base_url:
             raise ValueError("teacher = 'endpoint' needs trainer.opd.endpoint.base_url")
+        if self.teacher == "model" and not self.teacher_model:
+            raise ValueError("teacher = 'model' needs trainer.opd.teacher_model")
         return self

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from liveloop.config.base import Section
+from liveloop.config.consumer import ConsumerSettings, consumer_defaults
 
 DEFAULT_CORRECTIONS = [
     r"\bno\b[,.!]*\s+(?:that'?s|this is|it'?s)\s+(?:wrong|incorrect|not right)",
@@ -205,13 +206,10 @@ class JudgeConfig(Section):
     max_attempts: int = Field(
         5, ge=1, description="Failed attempts before an entry goes to the dead-letter stream."
     )
-    claim_idle_ms: int = Field(
-        30_000,
-        ge=100,
-        description="Pending entries idle this long are reclaimed from dead consumers.",
-    )
-    read_count: int = Field(
-        1000, ge=1, description="Entries read per XREADGROUP call (turns, feedback, fast judges)."
+    consumer: ConsumerSettings = Field(
+        default_factory=lambda: consumer_defaults(claim_idle_ms=30_000, read_count=1000),
+        description="The judging loop in consumer group `prm` (read_count: turns, feedback "
+        "and fast judges).",
     )
     slow_read_count: int = Field(
         16,
@@ -219,16 +217,13 @@ class JudgeConfig(Section):
         description="Turns judged per batch when a judge awaits I/O (LLM judge): small batches "
         "commit early.",
     )
-    consumer_name: str | None = Field(
-        None, description="Consumer name in the group (default: host-pid)."
-    )
     judge_timeout_s: float = Field(
         120.0, gt=0, description="Longest one judge may take for one turn; longer is a failure."
     )
     retry_backoff_max_s: float = Field(
         300.0,
         gt=0,
-        description="Retry delay of a failed turn doubles from claim_idle_ms up to this.",
+        description="Retry delay of a failed turn doubles from consumer.claim_idle_ms up to this.",
     )
     state_ttl_s: int = Field(
         7 * 24 * 3600,

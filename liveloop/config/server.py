@@ -57,6 +57,14 @@ class ServerConfig(Section):
     max_batch_size: int = Field(
         16, ge=1, le=1024, description="Most sequences decoded together by the torch engine."
     )
+    max_loaded_adapters: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Most LoRA adapters the torch engine holds in memory at once. Loading or "
+        "needing one more evicts the least recently used idle one; a request on an evicted "
+        "adapter waits while it is read back from its checkpoint.",
+    )
     max_model_len: int | None = Field(
         None, ge=16, description="Context window in tokens; default: the model's, capped at 2048."
     )

@@ -8,6 +8,9 @@ from pydantic import Field, field_validator
 
 from liveloop.config.base import Section
 
+# The linear layers of a Llama-family decoder layer.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 class SGLangConfig(Section):
     """Where the SGLang servers are (or how to launch them) and how the gateway drives them."""
@@ -105,6 +108,35 @@ class SGLangConfig(Section):
         description="Validate a checkpoint here before any replica loads it: files, tensor "
         "names and shapes against the served model, and no NaN/inf (SGLang 0.5 crashes on "
         "an unreadable checkpoint). Needs the checkpoint visible at its path on this host.",
+    )
+
+    enable_lora: bool = Field(
+        False,
+        description="Serve LoRA adapters through SGLang's multi-LoRA: launched servers get "
+        "`--enable-lora` and the limits below; servers of `urls` must have been started "
+        "with the same flags. Each adapter version is loaded as `<adapter>@v<N>`.",
+    )
+    max_loras_per_batch: int = Field(
+        8,
+        ge=1,
+        description="Adapters one batch of a server may mix (`--max-loras-per-batch`; the "
+        "base model counts as one).",
+    )
+    max_lora_rank: int = Field(
+        64,
+        ge=1,
+        description="Largest adapter rank the servers accept (`--max-lora-rank`); the gateway "
+        "refuses a larger one before any server sees it.",
+    )
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        description="Linear layers adapters may change (`--lora-target-modules`); the gateway "
+        "refuses an adapter that touches another one.",
+    )
+    lora_backend: str | None = Field(
+        None,
+        description="SGLang's multi-LoRA kernels (`--lora-backend`) for launched servers; "
+        "default: 'torch_native' on CPU, SGLang's own choice on GPUs.",
     )
 
     @field_validator("urls", mode="before")

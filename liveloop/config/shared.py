@@ -46,6 +46,12 @@ class SharedSettings(BaseModel):
         "CRITICAL. Third-party libraries log warnings and errors only, except at DEBUG.",
     )
     seed: int = Field(0, description="Global seed (model init for tiny-random, sampling defaults).")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Torch CPU threads of each loop process (OMP_NUM_THREADS, when that "
+        "variable is not set already); unset: torch's default, one per core.",
+    )
     max_staleness: int = Field(
         4,
         ge=0,

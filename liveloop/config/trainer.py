@@ -1,17 +1,21 @@
 """Settings of the training loop (`liveloop train`)."""
 
+from __future__ import annotations
+
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from liveloop.config.base import Objective, Section
+from liveloop.config.base import Section
+from liveloop.config.consumer import ConsumerSettings, consumer_defaults
 from liveloop.config.gate import GateSettings
+from liveloop.config.objective import ObjectiveConfig, RLObjectiveConfig
 from liveloop.config.opd import OPDSettings
 from liveloop.config.watch import WatchSettings
 
 
 class LoraSettings(Section):
-    """Optional LoRA adapters through peft (merged into full weights in every checkpoint)."""
+    """Optional LoRA adapters through peft, published as adapters or merged (`publish`)."""
 
     enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
     rank: int = Field(8, ge=1, description="LoRA rank.")
@@ -21,20 +25,33 @@ class LoraSettings(Section):
         "all-linear",
         description="Modules that get adapters: a list of names, or 'all-linear'.",
     )
+    adapter_name: str = Field(
+        "policy",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="The name the adapter is announced and served under (publish = 'adapter').",
+    )
 
 
 class TrainerConfig(Section):
     """Decoupled PPO hyper-parameters and checkpoint publishing."""
 
     device: str = Field("cpu", description="Torch device for training.")
-    objective: Objective = Field(
-        "rl",
+    publish: Literal["adapter", "merged"] | None = Field(
+        None,
+        description="What a version's checkpoint holds: 'adapter', the LoRA adapter alone in "
+        "the PEFT layout (adapter_config.json + adapter_model.safetensors), served over the "
+        "unchanged base; 'merged', full weights with the adapter merged in. Unset: "
+        "'adapter' when training LoRA, full weights otherwise.",
+    )
+    objective: ObjectiveConfig = Field(
+        default_factory=RLObjectiveConfig,
         description=(
-            "What each token's advantage is. 'rl': the judged score (against a baseline). "
-            "'opd': hindsight-guided on-policy distillation, log pi_teacher(token | prompt + "
-            "the judge's directive hint) - log pi_proximal(token | prompt); only turns with a "
-            "hint are trained. 'combine': both, weighted (trainer.opd); turns without a hint "
-            "contribute through 'rl' only."
+            "What each token's advantage is: a name, or a table with `kind`. 'rl': the judged "
+            "score (against a baseline). 'opd': hindsight-guided on-policy distillation, "
+            "log pi_teacher(token | prompt + the judge's directive hint) - log "
+            "pi_proximal(token | prompt); only turns with a hint are trained. 'combine': both, "
+            "weighted (trainer.opd); turns without a hint contribute through 'rl' only. "
+            "'custom': a class of your own (`import_path`, `options`)."
         ),
     )
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
@@ -55,7 +72,7 @@ class TrainerConfig(Section):
         ge=0,
         description=(
             "Weight of a per-token KL penalty (k3 estimator) to the frozen reference (the "
-            "initial model); unset = the model's measured default (liveloop.config.defaults)."
+            "initial model); unset = the model's default (liveloop.config.defaults)."
         ),
     )
     measure_drift: bool = Field(
@@ -88,7 +105,7 @@ class TrainerConfig(Section):
         description=(
             "Score a sample whose prompt + completion begin another sample's prompt (an "
             "earlier turn of the same session) in that sample's forward pass, instead of a "
-            "pass of its own: the same log-probs, 46% fewer tokens run over one demo's batches."
+            "pass of its own: the same log-probs from fewer tokens run."
         ),
     )
     micro_batch_tokens: int = Field(
@@ -96,7 +113,7 @@ class TrainerConfig(Section):
         ge=16,
         description="Tokens per forward/backward micro-batch (sequences packed without padding). "
         "Attention over a packed row is masked block-diagonally but computed in full, so on a "
-        "CPU shorter rows are faster: smollm2-135m updated 24% faster at 1024 than at 2048.",
+        "CPU shorter rows are often faster.",
     )
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept on disk.")
     max_updates: int | None = Field(
@@ -105,15 +122,27 @@ class TrainerConfig(Section):
     read_block_ms: int = Field(
         500, ge=10, description="How long one read of liveloop:batches blocks before re-checking."
     )
-    claim_idle_ms: int = Field(
-        600_000,
-        ge=1000,
-        description="A batch pending this long on a dead trainer is reclaimed.",
-    )
-    consumer_name: str | None = Field(
-        None, description="Consumer name in the group `trainer` (default: host-pid)."
+    consumer: ConsumerSettings = Field(
+        default_factory=lambda: consumer_defaults(claim_idle_ms=600_000, read_count=1),
+        description="The trainer in consumer group `trainer`: a batch pending claim_idle_ms "
+        "on a dead trainer is reclaimed; batches are applied one at a time, whatever "
+        "read_count fetches.",
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     opd: OPDSettings = Field(default_factory=OPDSettings)
+
+    @model_validator(mode="after")
+    def _adapters_need_lora(self) -> TrainerConfig:
+        if self.publish == "adapter" and not self.lora.enabled:
+            raise ValueError(
+                "publish = 'adapter' needs LoRA training: set trainer.lora.enabled = true "
+                "(or publish = 'merged')"
+            )
+        return self
+
+    @property
+    def publishes_adapters(self) -> bool:
+        """True when versions are published as LoRA adapters (not full weights)."""
+        return self.lora.enabled and self.publish != "merged"

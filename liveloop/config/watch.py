@@ -50,16 +50,14 @@ class WatchSettings(Section):
         description="Also roll back a version whose served replies' reference NLL per token "
         "exceeds this multiple of version 0's (models with language, when the trainer keeps "
         "the reference); a version is then compared once its served tokens are measured, or "
-        "on its turns alone when a later version is ready first. "
-        "Main's demo defaults reached 1.31 at most in 14 runs; unset = no bound.",
+        "on its turns alone when a later version is ready first; unset = no bound.",
     )
     min_ref_tokens: int = Field(
         600,
         ge=1,
-        description="Served tokens the reference NLL of a version must be over (in a demo, "
-        "one version read 4.16 over its first 249 tokens and 3.34 over all 1000 or so), "
-        "unless it is over min_turns served replies: late in a demo a version's ~22 short "
-        "replies held 450-570 tokens, and the bound never got to look at them.",
+        description="Served tokens the reference NLL of a version must be over before the "
+        "NLL bound reads it (a few hundred tokens say little), unless it is over min_turns "
+        "served replies (short replies may never add up to the tokens).",
     )
     check_interval_s: float = Field(
         5.0, gt=0, description="How often the trainer reads the served counters."

@@ -28,7 +28,7 @@ from liveloop.demo.report import JudgedTurn
 from liveloop.demo.users import UserRun, UserStats, run_population
 from liveloop.supervisor import Supervisor
 from liveloop.valkey import free_port
-from liveloop.weights import latest_announcement_sync
+from liveloop.weights import adapter_name_of, latest_announcement_sync
 
 EVAL_USERS = 6  # held-out users per evaluation
 EVAL_TURNS_PER_USER = 4  # answers each of them rates
@@ -53,13 +53,17 @@ def wait_ready(base_url: str, supervisor: Supervisor, timeout_s: float = 300.0) 
 
 
 def load_version(base_url: str, admin_key: str, path: str, version: int) -> None:
-    """Make the server serve the checkpoint at `path` as `version`."""
-    resp = httpx.post(
-        base_url + "/admin/weights",
-        json={"path": path, "version": version},
-        headers={"Authorization": f"Bearer {admin_key}"},
-        timeout=300,
-    )
+    """Make the server serve the checkpoint at `path` as `version`: full weights (every
+    adapter unloaded, so that version 0 is the base model), or a version published as a
+    LoRA adapter, which then serves every request."""
+    auth = {"Authorization": f"Bearer {admin_key}"}
+    adapter = adapter_name_of(path)
+    if adapter is None:
+        served = httpx.get(base_url + "/admin/weights", headers=auth, timeout=30).json()
+        for name in served.get("adapters") or {}:
+            httpx.delete(f"{base_url}/admin/adapters/{name}", headers=auth, timeout=60)
+    body = {"path": path, "version": version, **({"adapter": adapter} if adapter else {})}
+    resp = httpx.post(base_url + "/admin/weights", json=body, headers=auth, timeout=300)
     if resp.status_code != 200:
         raise DemoError(f"loading version {version} failed: {resp.status_code} {resp.text[:200]}")
 

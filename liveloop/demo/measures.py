@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from liveloop.demo.language import distinct_n, read_reply
 from liveloop.demo.preferences import TOPICS, Topic
+from liveloop.reading import distinct_n, letter_words, read_reply
 
 if TYPE_CHECKING:
     from liveloop.demo.users import TurnLog
@@ -53,6 +53,28 @@ def _reason_shares(answers: Sequence[TurnLog]) -> dict[str, float]:
     return {reason: n / len(answers) for reason, n in counts.most_common()}
 
 
+def _uses(reply: str, result: str) -> bool:
+    """The reply names the weather the tool reported (a word of the result after the city)."""
+    facts = set(letter_words(result.partition(":")[2].lower()))
+    return bool(facts & {w.lower() for w in letter_words(reply)})
+
+
+def tool_use_by_version(answers: Sequence[TurnLog]) -> dict[str, dict[str, Any]]:
+    """Per policy version, of the weather questions it answered: how many, the share whose
+    answer came after a call to the weather tool, and the share whose answer used the
+    tool's result (it named the weather the tool reported)."""
+    out: dict[str, dict[str, Any]] = {}
+    for version in sorted({a.version for a in answers if a.tool_offered}):
+        weather = [a for a in answers if a.tool_offered and a.version == version]
+        called = [a for a in weather if a.used_tool]
+        out[str(version)] = {
+            "questions": len(weather),
+            "tool_call_rate": _share([a.used_tool for a in weather]),
+            "used_result_rate": _share([_uses(a.reply, a.tool_result) for a in called]),
+        }
+    return out
+
+
 def user_reactions(answers: Sequence[TurnLog], window: int) -> dict[str, Any]:
     """Why the users reacted as they did, in their first and last `window` answers.
 
@@ -69,4 +91,5 @@ def user_reactions(answers: Sequence[TurnLog], window: int) -> dict[str, Any]:
         "last": _reason_shares(ordered[-window:]) if ordered else {},
         "weather_answers": len(weather),
         "answers_after_tool": sum(a.used_tool for a in weather),
+        "tool_use": tool_use_by_version(ordered),
     }

@@ -5,7 +5,7 @@ Each user holds a hidden preference: a word limit, plus for some an opening they
 tool. The preference never reaches the model; it shows only in how the user reacts, in
 natural and varied words, the way people do. Before any preference, a reply must be an
 answer at all: real English words about what was asked, not symbols, markup or repeated
-fragments (`liveloop.demo.language`), and something said about it beyond naming it ("Bread.
+fragments (`liveloop.reading`), and something said about it beyond naming it ("Bread.
 30 words." names the topic and echoes a word limit; it says nothing). Nonsense gets a
 complaint, never thanks.
 """
@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from liveloop.demo.language import (
+from liveloop.reading import (
     MIN_CONTENT_WORDS,
     ReplyReading,
     letter_words,

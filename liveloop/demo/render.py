@@ -306,4 +306,18 @@ def _reactions(summary: dict[str, Any]) -> list[str]:
         lines += ["", f"Weather questions answered: {said['weather_answers']}; "
                   f"{said['answers_after_tool']} of the answers came after a call to the "
                   "weather tool."]  # fmt: skip
+    return lines + _tool_use(said.get("tool_use") or {})
+
+
+def _tool_use(by_version: dict[str, dict[str, Any]]) -> list[str]:
+    """Per version: weather questions, how often the tool was called, the result used."""
+    if not by_version:
+        return []
+    lines = ["", "| version | weather questions | answered after a tool call | answer used "
+             "the result |", "|---|---|---|---|"]  # fmt: skip
+    for version, row in by_version.items():
+        lines.append(
+            f"| v{version} | {row['questions']} | {_fmt(row['tool_call_rate'], True)} | "
+            f"{_fmt(row['used_result_rate'], True)} |"
+        )
     return lines

@@ -176,6 +176,9 @@ def add_registry_quality(summary: dict[str, Any], db_url: str) -> None:
 
 
 TRAINING_MEANS = ("seconds", "hint_share", "opd_samples", "opd_advantage", "opd_seconds")
+# What each update's row keeps, to follow a run version by version (entropy, drift, OPD).
+PER_UPDATE = ("entropy", "ref_kl", "approx_kl", "loss", "samples", "reward_mean", "opd_advantage",
+              "opd_contrast", "opd_gap_before", "opd_gap_after", "opd_seconds")  # fmt: skip
 
 
 def training_figures(per_update: list[dict[str, float]]) -> dict[str, Any]:
@@ -195,6 +198,7 @@ def training_figures(per_update: list[dict[str, float]]) -> dict[str, Any]:
             if key.startswith("opd_skipped_"):
                 skipped[key.removeprefix("opd_skipped_")] += value
     out["opd_skipped"] = dict(skipped)
+    out["per_update"] = [{k: m[k] for k in PER_UPDATE if k in m} for m in updates]
     return out
 
 

@@ -45,54 +45,12 @@ from liveloop.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 
-# Environment for the loops, per model: learning rates picked so that learning shows within
-# the demo's minutes (the reply budget and users' word limits are the model's defaults, in
-# `liveloop.config.defaults`). The user's own environment or TOML still wins over them.
-DEMO_ENV: dict[str, dict[str, str]] = {
-    "tiny-random": {"LIVELOOP_TRAINER__LR": "2e-2"},
-    # smollm2, 15-minute runs: 1e-4 gained +0.48 and +0.00 in two runs (+0.52 with batches
-    # of 2048 tokens); 2e-4 gained +0.34 with a quarter of its last versions' replies
-    # nonsense; 5e-5, before batches were packed from the freshest turns: +0.23.
-    # Micro-batches of 1024 tokens: one update of 24 demo-like samples took 74 s against
-    # 97 s at 2048 (the packed row's block-diagonal attention grows with its length), so
-    # the demo makes 10 updates instead of 8 (a run gained +0.38, against +0.09 at 2048).
-    # Its users are paced at 24 judged turns per version (`ModelDefaults`), so the server
-    # idles while the trainer works: two threads each then update at ~70 tokens/s instead
-    # of ~60, and a batch holds up to one version's 24 turns. Two optimizer steps per batch
-    # (`trainer.minibatches` 2) gained +0.03 and drifted until the gate refused versions.
-    # LoRA adapters (rank 16, alpha 32, all linear layers) at 1e-3, ten times the full
-    # fine-tuning rate: two runs gained +0.72 each with every quality check kept, where
-    # full fine-tuning at 1e-4 gained +0.27 and +0.31 the same day (+0.47 twice before).
-    # LoRA at 2e-3 gained +0.62 (one run, one refusal): no faster than 1e-3.
-    "smollm2-135m": {
-        "LIVELOOP_TRAINER__LR": "1e-3",
-        "LIVELOOP_TRAINER__LORA__ENABLED": "true",
-        "LIVELOOP_TRAINER__LORA__RANK": "16",
-        "LIVELOOP_TRAINER__LORA__ALPHA": "32",
-        "LIVELOOP_TRAINER__MICRO_BATCH_TOKENS": "1024",
-        "LIVELOOP_COLLECTOR__MAX_WAIT_S": "45",
-        "OMP_NUM_THREADS": "2",
-    },
-}
-COMMON_ENV = {
-    # A next state is the user's following turn, recorded when its reply is complete.
-    "LIVELOOP_PRM__NEXT_STATE_TIMEOUT_S": "60",
-    "LIVELOOP_COLLECTOR__MIN_TURNS": "16",
-    "LIVELOOP_COLLECTOR__MAX_WAIT_S": "10",
-    "OMP_NUM_THREADS": "1",  # four loop processes share the cores; one thread each is fastest
-}
-
-
 def _child_env(settings: LiveLoopSettings, admin_key: str, pace: int) -> dict[str, str]:
-    env = dict(COMMON_ENV)
-    env.update(DEMO_ENV.get(settings.model, DEMO_ENV["smollm2-135m"]))
-    # Paced users: a batch holds up to one version's turns. It still ships at half the
-    # collector's token budget (`min_fill`), so the trainer takes what is judged when it is
-    # ready: waiting for all 24 gained less (+0.41 against +0.72 twice, LoRA runs).
-    if pace:
+    """The loops' environment: this run's admin key, and the collector's batch size when the
+    users are paced (a batch holds up to one version's turns), unless set in yours."""
+    env = {"LIVELOOP_ADMIN_KEY": admin_key}
+    if pace and "LIVELOOP_COLLECTOR__MIN_TURNS" not in os.environ:
         env["LIVELOOP_COLLECTOR__MIN_TURNS"] = str(pace)
-    env = {k: v for k, v in env.items() if k not in os.environ}
-    env["LIVELOOP_ADMIN_KEY"] = admin_key
     return env
 
 
@@ -107,19 +65,12 @@ class ObjectiveRun:
 
 
 def demo_objectives(settings: LiveLoopSettings) -> list[str]:
-    """The objectives the demo runs: those asked for, else the model's default, no repeats."""
-    asked = settings.demo.objectives or [model_defaults(settings.model).demo_objective]
-    return list(dict.fromkeys(asked))
-
-
-def demo_pacing(settings: LiveLoopSettings) -> int:
-    """Judged turns per version the users are paced at (0: not paced): asked, or the model's."""
-    asked = settings.demo.turns_per_update
-    return asked if asked is not None else model_defaults(settings.model).demo_turns_per_update
+    """The objectives the demo runs, in order, without repeats."""
+    return list(dict.fromkeys(settings.demo.objectives))
 
 
 def run_demo(
-    settings: LiveLoopSettings, *, config_file: Path | None = None, quiet: bool = False
+    settings: LiveLoopSettings, *, config_files: list[Path] | None = None, quiet: bool = False
 ) -> None:
     """The whole demo, one run per objective; prints where the report landed."""
     out_dir = settings.data_dir / "demo"
@@ -127,7 +78,7 @@ def run_demo(
     for i, objective in enumerate(demo_objectives(settings)):
         run_dir = out_dir / ("run" if i == 0 else f"run-{objective}")
         runs.append(
-            run_objective(settings, objective, run_dir, config_file=config_file, quiet=quiet)
+            run_objective(settings, objective, run_dir, config_files=config_files, quiet=quiet)
         )
     summary = runs[0].summary
     summary["objectives"] = {r.objective: objective_figures(r.summary) for r in runs}
@@ -164,7 +115,7 @@ def run_objective(
     objective: str,
     run_dir: Path,
     *,
-    config_file: Path | None = None,
+    config_files: list[Path] | None = None,
     quiet: bool = False,
     extra_env: dict[str, str] | None = None,
     max_judged_turns: int | None = None,
@@ -173,7 +124,7 @@ def run_objective(
     """The loops under one objective with simulated users, then the held-out comparison.
 
     Users talk for `demo.minutes`, or until `max_judged_turns` turns were judged. With
-    `turns_per_update` (default: `demo_pacing`; 0: free-running) they wait before each request
+    `turns_per_update` (default: `demo.turns_per_update`; 0: free-running) they wait before each request
     while the judged turns outnumber the published versions by that many per version (see
     `Pacer`).
     """
@@ -185,11 +136,11 @@ def run_objective(
     base_model_dir = str(resolve_model_dir(settings.model))  # fetch/convert once, up front
     admin_key = secrets.token_urlsafe(16)
     if turns_per_update is None:
-        turns_per_update = demo_pacing(settings)
+        turns_per_update = settings.demo.turns_per_update
     env = _child_env(settings, admin_key, turns_per_update)
     env.update(extra_env or {})
     env["LIVELOOP_TRAINER__OBJECTIVE"] = objective
-    supervisor = Supervisor(child, config_file=config_file, extra_env=env)
+    supervisor = Supervisor(child, config_files=config_files, extra_env=env)
     defaults = model_defaults(settings.model)
     seconds = settings.demo.minutes * 60
     supervisor.start()

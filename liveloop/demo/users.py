@@ -22,8 +22,8 @@ from typing import Any
 
 from openai import APIError, AsyncOpenAI
 
-from liveloop.demo.language import letter_words
 from liveloop.demo.preferences import KNOWN_CITIES, Question, WordLimit
+from liveloop.reading import letter_words
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -68,6 +68,7 @@ class TurnLog:
     reason: str = ""  # why the user reacted so (`Reaction.reason`: "pleased", "too_long", ...)
     tool_offered: bool = False  # a weather question, asked with the weather tool
     used_tool: bool = False  # the reply came after the model called the tool
+    tool_result: str = ""  # what the tool returned, when it was called
 
 
 @dataclass
@@ -208,6 +209,7 @@ class SimulatedUser:
                 reason=reaction.reason,
                 tool_offered=question.wants_tool,
                 used_tool=tool_result is not None,
+                tool_result=tool_result or "",
             )
         )
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from liveloop.contracts import VersionStatus
+
 
 class RegistryError(RuntimeError):
     """The registry cannot do what was asked; the message is one line without passwords."""
@@ -41,7 +43,7 @@ class ModelVersionInfo:
     created_at: datetime
     metrics: dict[str, float]
     run_id: int | None
-    status: str = "accepted"  # "rejected" (by the promotion gate: never served), "rolled_back"
+    status: VersionStatus = VersionStatus.ACCEPTED
     reason: str | None = None
 
 

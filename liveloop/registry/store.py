@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from liveloop.contracts import VersionStatus
 from liveloop.registry.info import (
     ModelVersionInfo,
     RegistryError,
@@ -96,7 +97,7 @@ def _version_info(row: ModelVersion) -> ModelVersionInfo:
         created_at=_aware(row.created_at),
         metrics=dict(row.metrics or {}),
         run_id=row.run_id,
-        status=row.status,
+        status=VersionStatus(row.status),
         reason=row.reason,
     )
 
@@ -215,13 +216,13 @@ class Registry:
         metrics: dict[str, float] | None = None,
         run_id: int | None = None,
         *,
-        status: str = "accepted",
+        status: VersionStatus = VersionStatus.ACCEPTED,
         reason: str | None = None,
     ) -> None:
         """Record a policy version; recording a version that exists already is a no-op.
 
-        `status` "rejected" marks a version the promotion gate refused (`reason` says why);
-        the served-quality watch later turns a served one into "rolled_back".
+        `status` REJECTED marks a version the promotion gate refused (`reason` says why);
+        the served-quality watch later turns a served one into ROLLED_BACK.
         """
         with self._guard("add_model_version"):
             try:
@@ -235,7 +236,7 @@ class Registry:
                                 parent=parent,
                                 metrics=_clean_metrics(metrics),
                                 run_id=run_id,
-                                status=status,
+                                status=str(status),
                                 reason=reason[:2048] if reason else None,
                             )
                         )
@@ -260,11 +261,12 @@ class Registry:
 
     def latest_model_version(self, *, accepted_only: bool = True) -> ModelVersionInfo | None:
         """The highest recorded version (by default the highest accepted one), or None."""
-        versions = self.list_model_versions(limit=1, status="accepted" if accepted_only else None)
+        accepted = VersionStatus.ACCEPTED if accepted_only else None
+        versions = self.list_model_versions(limit=1, status=accepted)
         return versions[0] if versions else None
 
     def list_model_versions(
-        self, limit: int = 100, *, status: str | None = None
+        self, limit: int = 100, *, status: VersionStatus | None = None
     ) -> list[ModelVersionInfo]:
         """Up to `limit` versions (optionally of one status), newest (highest) first."""
         query = select(ModelVersion).order_by(ModelVersion.version.desc()).limit(max(limit, 0))
@@ -312,12 +314,14 @@ class Registry:
                 for row in session.scalars(query)
             ]
 
-    def set_model_version_status(self, version: int, status: str, reason: str | None) -> None:
-        """Change a recorded version's status (e.g. "rolled_back") and reason; unknown: no-op."""
+    def set_model_version_status(
+        self, version: int, status: VersionStatus, reason: str | None
+    ) -> None:
+        """Change a recorded version's status (e.g. ROLLED_BACK) and reason; unknown: no-op."""
         with self._guard("set_model_version_status"), self._tx() as session:
             row = session.get(ModelVersion, version)
             if row is not None:
-                row.status = status
+                row.status = str(status)
                 row.reason = reason[:2048] if reason else None
 
     def delete_model_version(self, version: int) -> None:

@@ -21,6 +21,7 @@ from liveloop.weights.checkpoint import (
 from liveloop.weights.transport import (
     SharedDiskTransport,
     WeightTransport,
+    adapter_name_of,
     setup_weight_transport,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointError",
     "SharedDiskTransport",
     "WeightTransport",
+    "adapter_name_of",
     "check_checkpoint",
     "decode_announcements",
     "latest_announcement",

@@ -17,8 +17,16 @@ on a disk every reader sees, `<checkpoints dir>/v<N>/`:
     trainer_state/                        the trainer's own resume state (ignored by engines)
 
 so `AutoModelForCausalLM.from_pretrained`, SGLang and vLLM load it as it is. Weights are
-plain full tensors (LoRA adapters are merged before writing). A directory is written under
-a hidden temporary name and renamed into place, so a `v<N>` directory is always complete.
+plain full tensors (LoRA merged in), or, for a version published as an adapter
+(`write_adapter`), the adapter alone in the PEFT layout:
+
+    adapter_config.json, adapter_model.safetensors     what PeftModel.save_pretrained writes
+    liveloop_adapter.json                              {"adapter": name, "version": N}
+    trainer_state/                                     as above
+
+which SGLang (`/load_lora_adapter`), vLLM and LiveLoop's torch engine load over the base
+model. A directory is written under a hidden temporary name and renamed into place, so a
+`v<N>` directory is always complete.
 Announcements are `WeightsAnnouncement` entries on `liveloop:weights`, exactly once per
 (version, path); a reader also accepts a single `.safetensors` file (an operator's
 `POST /admin/weights`).
@@ -26,6 +34,7 @@ Announcements are `WeightsAnnouncement` entries on `liveloop:weights`, exactly o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -39,6 +48,7 @@ import redis.asyncio as aredis
 
 from liveloop.bus import WEIGHTS, publish
 from liveloop.contracts import WeightsAnnouncement
+from liveloop.weights.adapter import is_adapter_dir, read_adapter
 from liveloop.weights.announcements import (
     decode_announcements,
     latest_announcement,
@@ -53,7 +63,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECENT = 16  # announcements a new follower looks back over
+ADAPTER_META = "liveloop_adapter.json"  # which adapter, which version (beside PEFT's files)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def adapter_name_of(location: str | Path) -> str | None:
+    """The adapter a version directory holds (`liveloop_adapter.json`), or None for weights."""
+    meta = Path(location) / ADAPTER_META
+    if not meta.is_file():
+        return None
+    try:
+        name = json.loads(meta.read_text()).get("adapter")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(name) if name else None
 
 
 class WeightTransport(ABC):
@@ -165,6 +188,35 @@ class SharedDiskTransport(WeightTransport):
                 shutil.rmtree(tmp, ignore_errors=True)
         return str(final)
 
+    def write_adapter(
+        self,
+        version: int,
+        adapter_model: Any,
+        adapter: str,
+        extra: Callable[[Path], None] | None = None,
+    ) -> str:
+        """Write `v<version>/` as a PEFT adapter (a peft model's trainable adapter only),
+        atomically; its absolute path."""
+        root = self._root()
+        root.mkdir(parents=True, exist_ok=True)
+        final = self.path_for(version)
+        tmp = root / f".v{version}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        try:
+            adapter_model.save_pretrained(str(tmp))
+            meta = {"adapter": adapter, "version": version}
+            (tmp / ADAPTER_META).write_text(json.dumps(meta))
+            if extra is not None:
+                extra(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return str(final)
+
     def _link_tokenizer(self, tokenizer: Any, target: Path) -> None:
         """Tokenizer files into `target`: serialised once per process, then hard-linked."""
         cache = self._root() / f".tokenizer-{os.getpid()}"
@@ -217,7 +269,11 @@ class SharedDiskTransport(WeightTransport):
         return cursor, decode_announcements(entries)
 
     def validate(self, location: str) -> None:
-        """Files present and safetensors headers readable (no tensor is read)."""
+        """Files present and safetensors headers readable (no tensor is read); an adapter
+        directory is read whole and checked (its tensors are small)."""
+        if is_adapter_dir(location):
+            read_adapter(location)
+            return
         check_checkpoint(location)
 
     def load(self, location: str) -> dict[str, torch.Tensor]:

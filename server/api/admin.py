@@ -20,12 +20,17 @@ router = APIRouter(
 
 
 class LoadWeightsRequest(BaseModel):
-    """A checkpoint directory to load, and the policy version to serve it as."""
+    """A checkpoint directory to load, and the policy version to serve it as; with
+    `adapter`, a LoRA adapter directory to serve as that adapter's version (others stay)."""
 
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(min_length=1, max_length=4096)
     version: int | None = Field(None, ge=0)
+    adapter: str | None = Field(None, min_length=1, max_length=256)
+    tenant: str | None = Field(
+        None, max_length=256, description="Whose adapter it is (route their requests to it)."
+    )
 
 
 @router.get("/weights")
@@ -37,8 +42,17 @@ async def get_weights(state: StateDep) -> dict[str, Any]:
     engine's view comes with it (with SGLang: each replica's version and state).
     """
     follower = state.follower
+    routing = follower.routing
     return {
         "version": int(state.engine.version),
+        "adapters": {
+            name: {
+                "version": version,
+                "shared": name == routing.shared,
+                "tenants": sorted(t for t, a in routing.by_tenant.items() if a == name),
+            }
+            for name, version in sorted(state.engine.adapters().items())
+        },
         "history": list(follower.history),
         "refusals": follower.refusals,
         "refused": list(follower.refused),
@@ -49,14 +63,33 @@ async def get_weights(state: StateDep) -> dict[str, Any]:
 
 @router.post("/weights")
 async def load_weights(body: LoadWeightsRequest, state: StateDep) -> dict[str, Any]:
-    """Load a checkpoint and swap it in; a bad one is refused (400) and serving goes on."""
+    """Load a checkpoint and swap it in, or (with `adapter`) one adapter version, an older
+    one too (a rollback of that adapter alone); a bad one is refused (400) and serving goes
+    on."""
     try:
-        version = await state.follower.load(body.path, body.version, allow_rollback=True)
+        if body.adapter is not None:
+            if body.version is None:
+                raise APIError(400, "an adapter needs its version", param="version")
+            version = await state.follower.load_adapter(
+                body.adapter, body.path, body.version, tenant=body.tenant, allow_rollback=True
+            )
+        else:
+            version = await state.follower.load(body.path, body.version, allow_rollback=True)
     except CheckpointError as exc:
         raise APIError(
             400, f"checkpoint refused: {exc}", param="path", code="invalid_checkpoint"
         ) from None
     return {"version": int(version), "history": list(state.follower.history)}
+
+
+@router.delete("/adapters/{name}")
+async def unload_adapter(name: str, state: StateDep) -> dict[str, Any]:
+    """Stop serving an adapter (its requests go to the shared adapter or the base model);
+    requests already running on it finish on it. Unknown: 404."""
+    if name not in state.engine.adapters():
+        raise APIError(404, f"no adapter {name!r} is served", param="name", code="not_found")
+    await state.follower.unload_adapter(name)
+    return {"adapters": state.engine.adapters()}
 
 
 @router.get("/capture")

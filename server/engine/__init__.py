@@ -22,6 +22,7 @@ from liveloop.server.engine.types import (
     SamplingParams,
     TokenConstraint,
     TokenOutput,
+    UnknownAdapterError,
     WeightValidationError,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "TokenOutput",
     "TokenStream",
     "TorchEngine",
+    "UnknownAdapterError",
     "WeightValidationError",
     "create_engine",
 ]

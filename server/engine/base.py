@@ -10,6 +10,11 @@ from the settings.
 What crosses this interface is plain data: prompt token ids, `SamplingParams` (with
 structured output as a serializable `OutputSpec`, never a torch mask), `TokenOutput`s
 back. That is what lets the SGLang gateway run in a process that never imports torch.
+
+LoRA adapters are weights of their own, served side by side over the base: an adapter is
+loaded under a name with a version (`load_adapter`, a PEFT adapter directory), a request
+names the adapter it runs on (`generate(..., adapter=NAME)`), and each of its tokens
+then carries that adapter's version instead of the base's.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from liveloop.server.engine.types import EngineStats, SamplingParams
+from liveloop.server.engine.types import EngineError, EngineStats, SamplingParams
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -108,10 +113,13 @@ class EngineClient(abc.ABC):
         request_id: str | None = None,
         *,
         affinity: str | None = None,
+        adapter: str | None = None,
     ) -> TokenStream:
         """Queue a completion at once and stream its tokens.
 
-        Raises ContextLengthError / InvalidRequestError (bad input) or EngineError (cannot
+        `adapter`: the LoRA adapter to run on (None: the base model); its tokens carry
+        that adapter's version. Raises ContextLengthError / InvalidRequestError (bad
+        input; UnknownAdapterError for an adapter not loaded) or EngineError (cannot
         serve) before anything is queued.
         """
 
@@ -133,3 +141,27 @@ class EngineClient(abc.ABC):
         Raises CheckpointError when the checkpoint is refused (serving goes on with the
         weights served before).
         """
+
+    # ----------------------------------------------------------------- adapters
+    async def load_adapter(self, name: str, version: int, path: str) -> float:
+        """Serve the PEFT adapter directory `path` as adapter `name`, version `version`.
+
+        Replaces the version of `name` served before (an older `version` is a rollback);
+        requests running on it move to the new version between two decode steps, and
+        neither the base weights nor any other adapter is touched. Returns the longest
+        pause of generation it caused (s). Raises CheckpointError (`AdapterError`) when
+        the adapter is refused (missing files, names or shapes that do not fit the base,
+        NaN/inf): the version served before, if any, goes on serving.
+        """
+        raise EngineError(f"the {self.kind} engine does not serve adapters")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter `name`; requests already running on it finish on it.
+
+        Raises UnknownAdapterError when no such adapter is loaded.
+        """
+        raise EngineError(f"the {self.kind} engine does not serve adapters")
+
+    def adapters(self) -> dict[str, int]:
+        """The adapters served: name -> version (none where adapters are not supported)."""
+        return {}

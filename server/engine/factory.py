@@ -52,4 +52,5 @@ async def create_engine(
         max_model_len=cfg.max_model_len,
         device=cfg.device,
         threads=cfg.torch_threads,
+        max_loaded_adapters=cfg.max_loaded_adapters,
     )

@@ -20,10 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from liveloop.server.engine.kv_cache import BatchKVCache
+from liveloop.server.engine.lora import LoraStep, ModuleKey, apply_linear
 from liveloop.server.engine.types import EngineError
 
 LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(eq=False)
@@ -89,6 +91,35 @@ class LlamaRunner:
         self.vocab_size = int(weight.shape[0])
         self.dtype = weight.dtype
         self.device = weight.device
+        self.mlp_adaptable = self._check_mlp()
+
+    def _check_mlp(self) -> bool:
+        """Whether the MLP is `down(act(gate(x)) * up(x))`, so LoRA can reach its linears."""
+        mlp: Any = self.layers[0].mlp
+        if not all(hasattr(mlp, p) for p in (*MLP_PARTS, "act_fn")):
+            return False
+        seeded = torch.Generator().manual_seed(0)
+        x = torch.randn(1, 2, int(mlp.gate_proj.weight.shape[1]), generator=seeded)
+        x = x.to(device=self.device, dtype=self.dtype)
+        with torch.inference_mode():
+            ours = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+            return bool(torch.allclose(ours, mlp(x)))
+
+    def adaptable_linears(self) -> dict[str, tuple[ModuleKey, tuple[int, int]]]:
+        """Linears a LoRA adapter may change: module name -> ((layer, proj), (in, out))."""
+        names = {id(module): name for name, module in self.model.named_modules()}
+        found: dict[str, tuple[ModuleKey, tuple[int, int]]] = {}
+        for i, layer in enumerate(self.layers):
+            parts = [(layer.self_attn, p) for p in ATTN_PARTS]
+            if self.mlp_adaptable:
+                parts += [(layer.mlp, p) for p in MLP_PARTS]
+            for owner, proj in parts:
+                module = getattr(owner, proj)
+                weight = getattr(module, "weight", None)
+                if id(module) in names and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+                    out_f, in_f = (int(d) for d in weight.shape)
+                    found[names[id(module)]] = ((i, proj), (in_f, out_f))
+        return found
 
     def new_cache(self, max_rows: int, max_len: int) -> BatchKVCache:
         """An empty cache shaped for this model."""
@@ -103,13 +134,20 @@ class LlamaRunner:
         )
 
     def _qkv(
-        self, attn: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        i: int,
+        attn: Any,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lora: LoraStep | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Projected, normalised and rotated q/k/v, each `[batch, heads, seq, head_dim]`."""
         b, s, _ = x.shape
-        q = attn.q_proj(x).view(b, s, -1, self.head_dim)
-        k = attn.k_proj(x).view(b, s, -1, self.head_dim)
-        v = attn.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = apply_linear(attn.q_proj, x, lora, (i, "q_proj")).view(b, s, -1, self.head_dim)
+        k = apply_linear(attn.k_proj, x, lora, (i, "k_proj")).view(b, s, -1, self.head_dim)
+        v = apply_linear(attn.v_proj, x, lora, (i, "v_proj"))
+        v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -118,12 +156,21 @@ class LlamaRunner:
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
 
-    def _finish_layer(self, layer: Any, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    def _finish_layer(
+        self, i: int, layer: Any, h: torch.Tensor, attn_out: torch.Tensor, lora: LoraStep | None
+    ) -> torch.Tensor:
         """Output projection, residuals and MLP; `attn_out` is `[batch, heads, seq, dim]`."""
         b, _, s, _ = attn_out.shape
-        h = h + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, s, -1))
-        out: torch.Tensor = h + layer.mlp(layer.post_attention_layernorm(h))
-        return out
+        merged = attn_out.transpose(1, 2).reshape(b, s, -1)
+        h = h + apply_linear(layer.self_attn.o_proj, merged, lora, (i, "o_proj"))
+        x = layer.post_attention_layernorm(h)
+        mlp = layer.mlp
+        if lora is None or not any(lora.adapts((i, p)) for p in MLP_PARTS):
+            out: torch.Tensor = h + mlp(x)
+            return out
+        gate = apply_linear(mlp.gate_proj, x, lora, (i, "gate_proj"))
+        up = apply_linear(mlp.up_proj, x, lora, (i, "up_proj"))
+        return h + apply_linear(mlp.down_proj, mlp.act_fn(gate) * up, lora, (i, "down_proj"))
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.lm_head(self.norm(h))
@@ -138,10 +185,12 @@ class LlamaRunner:
             values=[torch.empty(shape, dtype=self.dtype, device=self.device) for _ in self.layers],
         )
 
-    def prefill_step(self, state: Prefill, max_tokens: int) -> torch.Tensor | None:
+    def prefill_step(
+        self, state: Prefill, max_tokens: int, lora: LoraStep | None = None
+    ) -> torch.Tensor | None:
         """Run the next chunk (at most `max_tokens`) of a prompt; logits `[vocab]` at its end.
 
-        Returns None until the whole prompt has been run.
+        Returns None until the whole prompt has been run. `lora`: the prompt's adapter.
         """
         begin = state.done
         end = min(len(state.token_ids), begin + max(1, max_tokens))
@@ -155,7 +204,7 @@ class LlamaRunner:
         h = self.embed(ids)
         cos, sin = self.rotary(h, pos)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
+            q, k, v = self._qkv(i, layer.self_attn, layer.input_layernorm(h), cos, sin, lora)
             state.keys[i][:, :, begin:end] = k
             state.values[i][:, :, begin:end] = v
             out = F.scaled_dot_product_attention(
@@ -167,7 +216,7 @@ class LlamaRunner:
                 scale=self.scaling,
                 enable_gqa=True,
             )
-            h = self._finish_layer(layer, h, out)
+            h = self._finish_layer(i, layer, h, out, lora)
         state.done = end
         return self._logits(h[0, -1]) if end == len(state.token_ids) else None
 
@@ -178,8 +227,13 @@ class LlamaRunner:
             cache.write_prefill(i, row, state.keys[i][0], state.values[i][0])
         return row
 
-    def decode(self, cache: BatchKVCache, token_ids: list[int]) -> torch.Tensor:
-        """One step for every row: feed its last token at its next position; logits `[rows, V]`."""
+    def decode(
+        self, cache: BatchKVCache, token_ids: list[int], lora: LoraStep | None = None
+    ) -> torch.Tensor:
+        """One step for every row: feed its last token at its next position; logits `[rows, V]`.
+
+        `lora`: each row's adapter slot (None: every row on the base model).
+        """
         n = cache.rows
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).view(n, 1)
         pos = torch.tensor(cache.lengths, dtype=torch.long, device=self.device).view(n, 1)
@@ -189,7 +243,7 @@ class LlamaRunner:
         cos, sin = self.rotary(h, pos)
         groups = self.num_heads // self.kv_heads
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(h), cos, sin)
+            q, k, v = self._qkv(i, layer.self_attn, layer.input_layernorm(h), cos, sin, lora)
             cache.write_decode(i, k[:, :, 0], v[:, :, 0])
             keys, values = cache.window(i)
             # Grouped-query attention without repeating the cache: the query heads that
@@ -198,7 +252,8 @@ class LlamaRunner:
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=self.scaling
             )
-            h = self._finish_layer(layer, h, out.reshape(n, self.num_heads, 1, self.head_dim))
+            out = out.reshape(n, self.num_heads, 1, self.head_dim)
+            h = self._finish_layer(i, layer, h, out, lora)
         cache.advance()
         return self._logits(h[:, -1])
 

@@ -7,13 +7,16 @@ engine keeps the keys/values of finished prompts (and of finished prompt + compl
 and a new prompt only prefills what follows its longest cached prefix.
 
 Entries are only valid for the weights that computed them: the engine clears the cache
-on every weight swap, and does not store keys/values that span one.
+on every weight swap, and does not store keys/values that span one. Requests on LoRA
+adapters store and find entries under a namespace of their own (the adapter and its
+version), so no adapter ever reuses keys/values another one (or the base) computed.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -23,14 +26,14 @@ from liveloop.server.engine.forward import Prefill
 BLOCK_TOKENS = 16
 
 
-def block_keys(tokens: list[int]) -> list[int]:
+def block_keys(tokens: list[int], namespace: Hashable = None) -> list[int]:
     """A chain hash of every whole `BLOCK_TOKENS` block: `keys[i]` covers blocks 0..i.
 
-    Equal keys mean equal prefixes up to a hash collision, which lookups rule out by an
-    exact comparison with the entry they found.
+    Equal keys mean equal prefixes (in the same namespace) up to a hash collision, which
+    lookups rule out by an exact comparison with the entry they found.
     """
     keys: list[int] = []
-    key = 0
+    key = 0 if namespace is None else hash(namespace)
     for start in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
         key = hash((key, *tokens[start : start + BLOCK_TOKENS]))
         keys.append(key)
@@ -43,9 +46,12 @@ class _Entry:
     keys: list[torch.Tensor]  # per layer [1, kv_heads, >=L, head_dim]
     values: list[torch.Tensor]
     blocks: list[int]  # block_keys of the tokens
+    namespace: Hashable = None
 
-    def common_prefix(self, other: torch.Tensor) -> int:
+    def common_prefix(self, other: torch.Tensor, namespace: Hashable = None) -> int:
         """Length of the longest common prefix of this entry's tokens and `other`."""
+        if namespace != self.namespace:
+            return 0
         n = min(len(self.tokens), len(other))
         if n == 0:
             return 0
@@ -89,26 +95,29 @@ class PrefixCache:
             self._by_last_block.clear()
             self._tokens = 0
 
-    def _longest(self, blocks: list[int], tokens: torch.Tensor) -> tuple[int, int]:
+    def _longest(
+        self, blocks: list[int], tokens: torch.Tensor, namespace: Hashable
+    ) -> tuple[int, int]:
         """(entry id, common prefix length) of the entry sharing most whole blocks."""
         for key in reversed(blocks):
             ids = self._by_block.get(key)
             if ids:
                 entry_id = next(reversed(ids))
-                return entry_id, self._entries[entry_id].common_prefix(tokens)
+                return entry_id, self._entries[entry_id].common_prefix(tokens, namespace)
         return -1, 0
 
-    def seed(self, state: Prefill) -> int:
+    def seed(self, state: Prefill, namespace: Hashable = None) -> int:
         """Copy the longest cached prefix of a fresh prefill's prompt into it; returns its length.
 
-        At least the prompt's last token is always left to run, for its logits.
+        At least the prompt's last token is always left to run, for its logits. Only
+        entries stored under the same `namespace` (weights) are used.
         """
         if not self.max_tokens or state.done:
             return 0
         ids = state.token_ids[:-1]
         prompt = torch.tensor(ids, dtype=torch.long)
         with self._lock:
-            best_id, best = self._longest(block_keys(ids), prompt)
+            best_id, best = self._longest(block_keys(ids, namespace), prompt, namespace)
             if not best:
                 return 0
             entry = self._entries[best_id]
@@ -121,7 +130,11 @@ class PrefixCache:
         return best
 
     def insert(
-        self, tokens: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]
+        self,
+        tokens: list[int],
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        namespace: Hashable = None,
     ) -> None:
         """Remember keys/values `[1, kv_heads, >=len(tokens), head_dim]` of `tokens`.
 
@@ -129,11 +142,12 @@ class PrefixCache:
         """
         if not tokens or len(tokens) > self.max_tokens:
             return
-        new = _Entry(torch.tensor(tokens, dtype=torch.long), keys, values, block_keys(tokens))
+        ids = torch.tensor(tokens, dtype=torch.long)
+        new = _Entry(ids, keys, values, block_keys(tokens, namespace), namespace)
         if not new.blocks:
             return
         with self._lock:
-            covering, shared = self._longest(new.blocks[-1:], new.tokens)
+            covering, shared = self._longest(new.blocks[-1:], new.tokens, namespace)
             if shared == len(tokens):  # already covered by a longer or equal entry
                 self._entries.move_to_end(covering)
                 return
@@ -154,7 +168,7 @@ class PrefixCache:
         for entry_id in candidates:
             entry = self._entries[entry_id]
             if len(entry.tokens) <= len(new.tokens) and (
-                entry.common_prefix(new.tokens) == len(entry.tokens)
+                entry.common_prefix(new.tokens, new.namespace) == len(entry.tokens)
             ):
                 self._drop(entry_id)
 

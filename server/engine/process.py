@@ -13,7 +13,7 @@ Request validation that needs the model (prompt length, token ids, sampling valu
 happens here, up front, exactly as in TorchEngine, so bad input is still refused before
 anything is sent. If the worker dies, every open request fails with EngineError (503), readiness turns
 false, and a new worker is started (with backoff) and given the checkpoint the old one
-last served before it takes requests.
+last served before it takes requests, and the adapters it served.
 """
 
 from __future__ import annotations
@@ -39,9 +39,18 @@ from liveloop.config import ServerConfig
 from liveloop.models import ModelLoadError
 from liveloop.server.engine.base import EngineClient
 from liveloop.server.engine.stream import RequestStream, check_request
-from liveloop.server.engine.types import EngineError, EngineStats, SamplingParams, TokenOutput
+from liveloop.server.engine.types import (
+    EngineError,
+    EngineStats,
+    SamplingParams,
+    TokenOutput,
+    UnknownAdapterError,
+)
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from liveloop.server.engine.adapter_metrics import AdapterMetrics
     from liveloop.server.tools.spec import OutputSpec
 
 log = logging.getLogger(__name__)
@@ -61,6 +70,7 @@ class EngineOptions:
     max_batch_size: int = 16
     max_model_len: int | None = None
     torch_threads: int | None = None
+    max_loaded_adapters: int = 8
 
     @classmethod
     def from_config(cls, model: str, cfg: ServerConfig) -> EngineOptions:
@@ -71,6 +81,7 @@ class EngineOptions:
             max_batch_size=cfg.max_batch_size,
             max_model_len=cfg.max_model_len,
             torch_threads=cfg.torch_threads,
+            max_loaded_adapters=cfg.max_loaded_adapters,
         )
 
 
@@ -100,6 +111,8 @@ class EngineProcess(EngineClient):
         self._stopping = False
         self._restoring = False  # a restarted worker is getting its weights back
         self._weights: tuple[str, int] | None = None  # the last checkpoint swapped in
+        self._adapters: dict[str, tuple[int, str]] = {}  # name -> (version, path) served
+        self._metrics: AdapterMetrics | None = None
         self._restart_task: asyncio.Task[None] | None = None
         self._started_at = 0.0
         self._backoff = RESTART_BACKOFF_S[0]
@@ -130,11 +143,12 @@ class EngineProcess(EngineClient):
         while not self._stopping:
             await asyncio.sleep(self._backoff)
             self._backoff = min(2 * self._backoff, RESTART_BACKOFF_S[1])
-            self._restoring = self._weights is not None
+            self._restoring = self._weights is not None or bool(self._adapters)
             try:
                 await self.start()
                 if self._weights is not None:
                     await self._load(*self._weights)
+                await self._restore_adapters()
             except Exception as exc:
                 log.error("restarting the engine worker failed (%s); retrying", exc)
                 self._lost("the engine worker is restarting")
@@ -256,6 +270,12 @@ class EngineProcess(EngineClient):
         """Decode-loop counters are kept in the worker; not reported across the process."""
         return EngineStats()
 
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """The worker's adapter metrics (its events come over the socket)."""
+        from liveloop.server.engine.adapter_metrics import AdapterMetrics
+
+        self._metrics = AdapterMetrics(registry)
+
     # ----------------------------------------------------------------- requests
     def generate(
         self,
@@ -264,10 +284,13 @@ class EngineProcess(EngineClient):
         request_id: str | None = None,
         *,
         affinity: str | None = None,
+        adapter: str | None = None,
     ) -> RequestStream:
         """Queue a completion at once and stream its tokens (see TorchEngine.generate)."""
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self.max_model_len)
+        if adapter is not None and adapter not in self._adapters:
+            raise UnknownAdapterError(f"adapter {adapter!r} is not loaded")
         if params.constraint is not None:  # a compiled grammar: send its description
             grammar = getattr(params.constraint, "spec", None)
             if grammar is None:
@@ -278,7 +301,7 @@ class EngineProcess(EngineClient):
         rid = request_id or uuid.uuid4().hex
         queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
         self._streams[rid] = queue
-        self._send(("add", rid, prompt, params))
+        self._send(("add", rid, prompt, params, adapter))
         return RequestStream(queue, lambda: self._cancel(rid))
 
     def check_grammar(self, grammar: OutputSpec) -> None:
@@ -319,15 +342,49 @@ class EngineProcess(EngineClient):
         return pause
 
     async def _load(self, path: str, version: int) -> float:
+        pause = await self._call("load", str(path), int(version))
+        self._info["version"] = int(version)
+        return float(pause)
+
+    async def load_adapter(self, name: str, version: int, path: str) -> float:
+        """Have the worker read, check and serve an adapter version (see TorchEngine)."""
+        if not self.is_running:
+            raise EngineError("engine is not running")
+        pause = await self._call("load_adapter", name, int(version), str(path))
+        self._adapters[name] = (int(version), str(path))
+        return float(pause)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Have the worker stop serving an adapter."""
+        if name not in self._adapters:
+            raise UnknownAdapterError(f"adapter {name!r} is not loaded")
+        await self._call("unload_adapter", name)
+        self._adapters.pop(name, None)
+
+    def adapters(self) -> dict[str, int]:
+        """The adapters served: name -> version."""
+        return {name: version for name, (version, _) in self._adapters.items()}
+
+    async def _restore_adapters(self) -> None:
+        """A restarted worker: serve again the adapters the old one served."""
+        for name, (version, path) in list(self._adapters.items()):
+            try:
+                await self._call("load_adapter", name, version, path)
+            except EngineError:
+                raise  # the new worker is gone too: the restart loop tries again
+            except Exception as exc:
+                log.error("adapter %s v%d could not be restored (%s); dropped", name, version, exc)
+                self._adapters.pop(name, None)
+
+    async def _call(self, kind: str, *args: Any) -> Any:
+        """Send a command the worker answers with a reply; its result (or its error)."""
         if not self._alive or self._loop is None:
             raise EngineError("engine is not running")
         call_id = next(self._call_ids)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._calls[call_id] = future
-        self._send(("load", call_id, str(path), int(version)))
-        pause = await future
-        self._info["version"] = int(version)
-        return float(pause)
+        self._send((kind, call_id, *args))
+        return await future
 
     def _send(self, message: tuple[Any, ...]) -> None:
         if self._conn is None:
@@ -377,6 +434,9 @@ class EngineProcess(EngineClient):
                 if out.finish_reason is not None:
                     del self._streams[rid]
                 queue.put_nowait(out)
+        elif kind == "event":
+            if self._metrics is not None:
+                self._metrics.observe(message[1], message[2])
         elif kind == "reply":
             future = self._calls.pop(message[1], None)
             if future is not None and not future.done():

@@ -8,15 +8,18 @@ across threads.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from liveloop.server.engine.sampling import find_stop_string
 from liveloop.server.engine.types import SamplingParams, TokenOutput
+
+if TYPE_CHECKING:
+    from liveloop.server.engine.adapters import Adapter
 
 
 @dataclass(eq=False)
@@ -35,14 +38,20 @@ class Request:
     cancelled: bool = False
     done: bool = False
     kv_epoch: int = -1  # the engine's swap count when this request's prefill began
+    adapter: str | None = None  # the LoRA adapter it asked for (None: the base model)
+    lora: Adapter | None = None  # that adapter, pinned from prefill start to the end
+    kv_key: Hashable = None  # prefix-cache namespace of the weights its prefill began on
+    arrived: float = 0.0  # time.monotonic() when queued
+    adapter_wait_since: float = 0.0  # when it began to wait for its adapter to be read back
 
 
 @dataclass(eq=False)
-class Swap:
-    """A validated state dict waiting to be applied between two decode steps."""
+class BetweenSteps:
+    """A change of weights (a validated state dict, an adapter) to apply between two
+    decode steps; `apply` returns the pause it caused (s)."""
 
-    state_dict: Mapping[str, torch.Tensor]
-    version: int
+    apply: Callable[[], float]
+    what: str
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[float]
 

@@ -2,11 +2,17 @@
 
 Why it exists: `liveloop up` must serve (and hot-swap) a model with no external inference
 server. A dedicated decode thread owns the model and a batched KV cache; each iteration it
-applies pending weight swaps, drops finished or cancelled requests, prefills the oldest
-waiting request (in chunks of `prefill_chunk_tokens`, after seeding it from the prefix
-cache) and, once prefilled, lets it join the batch (up to `max_batch_size` running), then
-runs one decode step for the whole batch. Tokens go back to each request's asyncio queue
-on its own event loop, so the event loop never waits on torch.
+applies pending weight swaps and adapter changes, drops finished or cancelled requests,
+prefills the oldest waiting request that can start (in chunks of `prefill_chunk_tokens`,
+after seeding it from the prefix cache) and, once prefilled, lets it join the batch (up to
+`max_batch_size` running), then runs one decode step for the whole batch. Tokens go back
+to each request's asyncio queue on its own event loop, so the event loop never waits on
+torch.
+
+A request may name a LoRA adapter (`generate(..., adapter=NAME)`): each row of a decode
+step applies its own adapter (`lora.py`; which adapters are in memory: `adapters.py`), so
+requests on different adapters share every step. A request whose adapter was evicted from
+memory waits in the queue while it is read back; the others go ahead of it.
 
 The decode thread sets torch's process-wide intra-op thread count (`torch.set_num_threads`):
 `threads` (default: torch's) for large steps, one for small ones; on a small machine
@@ -16,7 +22,6 @@ shared with other processes, 1 thread is often much faster than 2.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import logging
@@ -24,25 +29,24 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from liveloop.server.engine.adapters import AdapterEvents, AdapterTable
 from liveloop.server.engine.base import EngineClient
+from liveloop.server.engine.decode_loop import DecodeLoop
 from liveloop.server.engine.forward import LlamaRunner, Prefill
 from liveloop.server.engine.prefix_cache import PrefixCache
-from liveloop.server.engine.sampling import Sampled, sample_batch
 from liveloop.server.engine.state import (
+    BetweenSteps,
     OutputSink,
     Request,
-    Swap,
     default_max_len,
     deliver,
     eos_ids,
-    finish_reason,
-    settle,
 )
 from liveloop.server.engine.stream import RequestStream, check_request
 from liveloop.server.engine.types import (
@@ -50,21 +54,26 @@ from liveloop.server.engine.types import (
     EngineStats,
     SamplingParams,
     TokenOutput,
+    UnknownAdapterError,
 )
 from liveloop.server.engine.weights import WeightSpec
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from liveloop.server.tools.spec import OutputSpec
 
 
-class TorchEngine(EngineClient):
+class TorchEngine(DecodeLoop, EngineClient):
     """Continuous-batching generation with per-token log-probs and live weight swaps.
 
     `prefill_chunk_tokens` bounds the prompt tokens run per iteration (how long a joiner
     stalls the running requests); `prefix_cache_tokens` bounds the prefix cache (0 = off).
     On CPU, a step of fewer than `parallel_min_rows` rows (batch rows when decoding, prompt
     tokens when prefilling) runs on one torch thread: for a few rows, waking the other
-    threads for every op costs more than it saves.
+    threads for every op costs more than it saves. `max_loaded_adapters` caps the LoRA
+    adapters held in memory; `adapter_events` receives adapter events (see
+    `adapters.AdapterEvents`; by default they go to the metrics of `bind_metrics`).
     """
 
     def __init__(
@@ -81,6 +90,8 @@ class TorchEngine(EngineClient):
         parallel_min_rows: int = 16,
         threads: int | None = None,
         output_sink: OutputSink | None = None,
+        max_loaded_adapters: int = 8,
+        adapter_events: AdapterEvents | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -107,7 +118,10 @@ class TorchEngine(EngineClient):
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
-        self._swaps: list[Swap] = []
+        self._swaps: list[BetweenSteps] = []
+        self._news = 0  # counts arrivals and adapter reads, to wake an idle decode thread
+        self._stalled_at = -1  # _news when no waiting request could start
+        self._adapters = AdapterTable(self._runner, max_loaded_adapters, self._wake, adapter_events)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._log = logging.getLogger(__name__)
@@ -166,6 +180,13 @@ class TorchEngine(EngineClient):
         """True between start() and stop()."""
         return self._thread is not None and not self._stopping
 
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Adapter metrics (reload waits, evictions), unless events go elsewhere."""
+        from liveloop.server.engine.adapter_metrics import AdapterMetrics
+
+        if self._adapters.events is None:
+            self._adapters.events = AdapterMetrics(registry).observe
+
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Start the decode thread (idempotent)."""
@@ -190,6 +211,9 @@ class TorchEngine(EngineClient):
             self._thread = None
         self._cache.clear()
         self._staging = None
+        for req in pending:
+            self._release(req)
+        self._adapters.stop()
         deliver([(r, EngineError("engine stopped")) for r in pending], self._sink)
         await asyncio.to_thread(self._apply_swaps)  # validated swaps that raced with stop()
 
@@ -201,23 +225,31 @@ class TorchEngine(EngineClient):
         request_id: str | None = None,
         *,
         affinity: str | None = None,
+        adapter: str | None = None,
     ) -> RequestStream:
         """Queue a completion at once and stream its tokens (call from the consumer's loop).
 
-        Raises ContextLengthError / InvalidRequestError / EngineError at once. Closing the
-        stream early (`aclose()`, or dropping it) removes the request from the batch at once.
-        `affinity` means nothing to a single engine.
+        Raises ContextLengthError / InvalidRequestError (UnknownAdapterError for an adapter
+        not loaded) / EngineError at once. Closing the stream early (`aclose()`, or
+        dropping it) removes the request from the batch at once. `affinity` means nothing
+        to a single engine.
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
-        req = self._queue_request(prompt_token_ids, params, request_id, loop, queue)
+        req = self._queue_request(prompt_token_ids, params, request_id, loop, queue, adapter)
         return RequestStream(queue, lambda: self._cancel(req))
 
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str) -> None:
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: str | None = None,
+    ) -> None:
         """Queue a completion whose tokens go to the `output_sink` (engine worker process)."""
         if self._sink is None:
             raise EngineError("submit() needs an engine built with an output_sink")
-        self._queue_request(prompt_token_ids, params, request_id, None, None)
+        self._queue_request(prompt_token_ids, params, request_id, None, None, adapter)
 
     def check_grammar(self, grammar: OutputSpec) -> None:
         """Compile the grammar (compilations are cached); ToolRequestError if impossible."""
@@ -241,9 +273,12 @@ class TorchEngine(EngineClient):
         request_id: str | None,
         loop: asyncio.AbstractEventLoop | None,
         queue: asyncio.Queue[TokenOutput | Exception] | None,
+        adapter: str | None = None,
     ) -> Request:
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self._max_model_len)
+        if adapter is not None and adapter not in self._adapters.versions:
+            raise UnknownAdapterError(f"adapter {adapter!r} is not loaded")
         if params.grammar is not None and params.constraint is None:
             from liveloop.server.tools import compile_output
 
@@ -263,13 +298,22 @@ class TorchEngine(EngineClient):
             stop_ids=frozenset(params.stop_token_ids)
             | (frozenset() if params.ignore_eos else self._eos),
             max_new=min(params.max_tokens, self._max_model_len - len(prompt)),
+            adapter=adapter,
+            arrived=time.monotonic(),
         )
         with self._cond:
             if not self.is_running:
                 raise EngineError("engine is not running")
             self._waiting.append(req)
+            self._news += 1
             self._cond.notify()
         return req
+
+    def _wake(self) -> None:
+        """Something the decode thread waits for happened (an adapter was read back)."""
+        with self._cond:
+            self._news += 1
+            self._cond.notify()
 
     def _cancel(self, req: Request) -> None:
         if req.done or req.cancelled:
@@ -313,183 +357,64 @@ class TorchEngine(EngineClient):
         return await self._swap_validated(state_dict, version)
 
     async def _swap_validated(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        return await self._between_steps(
+            lambda: self._apply_swap(state_dict, version), f"weights v{version}"
+        )
+
+    async def load_adapter(self, name: str, version: int, path: str) -> float:
+        """Read and check a PEFT adapter, then serve it as `name` v`version` between two
+        decode steps (requests on it move to this version there); the decode pause (s).
+
+        Raises AdapterError (a CheckpointError) when refused: the adapter's previous
+        version, the base and every other adapter keep serving.
+        """
+        pairs = await asyncio.to_thread(self._adapters.read, str(path))
+
+        def install() -> float:
+            started = time.perf_counter()
+            self._adapters.install(name, int(version), str(path), pairs)
+            return time.perf_counter() - started
+
+        return await self._between_steps(install, f"adapter {name} v{version}")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving an adapter (requests decoding on it finish on it); new requests
+        naming it get UnknownAdapterError."""
+        if name not in self._adapters.versions:
+            raise UnknownAdapterError(f"adapter {name!r} is not loaded")
+
+        def unload() -> float:
+            self._adapters.unload(name)
+            return 0.0
+
+        await self._between_steps(unload, f"unloading adapter {name}")
+
+    def adapters(self) -> dict[str, int]:
+        """The adapters served: name -> version."""
+        return dict(self._adapters.versions)
+
+    async def _between_steps(self, apply: Callable[[], float], what: str) -> float:
+        """Run `apply` on the decode thread between two steps (at once when stopped)."""
         loop = asyncio.get_running_loop()
-        swap = Swap(state_dict, version, loop, loop.create_future())
+        pending = BetweenSteps(apply, what, loop, loop.create_future())
         with self._cond:
             queued = self._thread is not None
             if queued:
-                self._swaps.append(swap)
+                self._swaps.append(pending)
                 self._cond.notify()
         if not queued:  # no decode thread to pause: apply at once, off the event loop
-            return await asyncio.to_thread(self._apply_swap, swap)
-        return await swap.future
+            return await asyncio.to_thread(apply)
+        return await pending.future
 
-    def _apply_swap(self, swap: Swap) -> float:
+    def _apply_swap(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
         started = time.perf_counter()
-        self._weights.apply(swap.state_dict)
+        self._weights.apply(state_dict)
         if self._runner.device.type == "cuda":
             torch.cuda.synchronize(self._runner.device)
-        self._version = swap.version
+        self._version = version
         self._swap_count += 1
         self._prefix.clear()
         pause = time.perf_counter() - started
         self._stats.weight_swaps += 1
         self._stats.swap_pause_seconds += pause
         return pause
-
-    def _apply_swaps(self) -> None:
-        with self._cond:
-            swaps, self._swaps = self._swaps, []
-        for swap in swaps:
-            try:
-                result: float | Exception = self._apply_swap(swap)
-            except Exception as exc:
-                self._log.exception("weight swap to version %s failed", swap.version)
-                result = EngineError(
-                    f"applying weights failed (model may be partly updated): {exc}"
-                )
-            with contextlib.suppress(RuntimeError):  # the swapper's event loop is gone
-                swap.loop.call_soon_threadsafe(settle, swap.future, result)
-
-    # ----------------------------------------------------------------- decode thread
-    def _run(self) -> None:
-        with torch.inference_mode():
-            while self._wait_for_work():
-                cpu = time.thread_time()
-                try:
-                    self._iteration()
-                except Exception as exc:
-                    self._log.exception("torch engine decode iteration failed")
-                    self._fail_running(EngineError(f"generation failed: {exc}"))
-                self._stats.busy_cpu_seconds += time.thread_time() - cpu
-
-    def _wait_for_work(self) -> bool:
-        with self._cond:
-            while not self._stopping and not (self._waiting or self._running or self._swaps):
-                self._cond.wait()
-            return not self._stopping
-
-    def _iteration(self) -> None:
-        self._apply_swaps()
-        self._reap()
-        self._admit()
-        if self._running:
-            started = time.perf_counter()
-            self._use_threads(len(self._running))
-            logits = self._runner.decode(self._cache, [r.output[-1] for r in self._running])
-            self._process(list(self._running), logits)
-            self._stats.decode_steps += 1
-            self._stats.decode_tokens += len(logits)
-            self._stats.decode_seconds += time.perf_counter() - started
-
-    def _admit(self) -> None:
-        """Prefill the oldest waiting request, at most `prefill_chunk_tokens` per iteration.
-
-        Chunking bounds how long a long prompt stalls the running requests' next token. A
-        fully prefilled prompt joins the batch and emits its first token.
-        """
-        budget = self._prefill_chunk
-        while budget > 0 and len(self._running) < self._max_batch_size:
-            with self._cond:
-                req = self._waiting[0] if self._waiting else None
-            if req is None:
-                return
-            if self._staging is None or self._staging[0] is not req:
-                self._staging = (req, self._start_prefill(req))
-            state = self._staging[1]
-            take = min(budget, state.remaining)
-            budget -= take
-            started = time.perf_counter()
-            self._use_threads(take)
-            logits = self._runner.prefill_step(state, take)
-            self._stats.prefill_tokens += take
-            self._stats.prefill_seconds += time.perf_counter() - started
-            if logits is None:
-                return
-            self._staging = None
-            if req.kv_epoch == self._swap_count:  # no swap during the prefill
-                self._prefix.insert(req.prompt, state.keys, state.values)
-            with self._cond:
-                if req.cancelled:  # _cancel already took it out of the queue
-                    continue
-                self._waiting.popleft()
-                self._running.append(req)
-            self._runner.join(self._cache, state)
-            self._process([req], logits[None])
-
-    def _use_threads(self, rows: int) -> None:
-        """All torch threads for a step of many rows, one for a small step."""
-        want = self._threads if rows >= self._parallel_min_rows else 1
-        if want != self._current_threads:
-            torch.set_num_threads(want)
-            self._current_threads = want
-
-    def _start_prefill(self, req: Request) -> Prefill:
-        state = self._runner.start_prefill(req.prompt)
-        req.kv_epoch = self._swap_count
-        self._stats.prefix_hit_tokens += self._prefix.seed(state)
-        return state
-
-    def _remember(self, req: Request, row: int) -> None:
-        """Offer a finished request's prompt + completion keys/values to the prefix cache."""
-        tokens = req.prompt + req.output[:-1]
-        if (
-            self._prefix.max_tokens >= len(tokens) > len(req.prompt)
-            and req.kv_epoch == self._swap_count
-            and self._cache.lengths[row] == len(tokens)
-        ):
-            self._prefix.insert(tokens, *self._cache.row_copy(row))
-
-    def _reap(self) -> None:
-        """Remove finished and cancelled rows (the last row moves into each hole)."""
-        for i in reversed(range(len(self._running))):
-            req = self._running[i]
-            if req.done or req.cancelled:
-                self._remember(req, i)
-                self._cache.remove_row(i)
-                with self._cond:
-                    self._running[i] = self._running[-1]
-                    self._running.pop()
-
-    def _fail_running(self, error: EngineError) -> None:
-        """After an internal failure: fail the batch and the prompt being prefilled."""
-        with self._cond:
-            failed, self._running = self._running, []
-            if self._staging is not None and self._staging[0] in self._waiting:
-                self._waiting.remove(self._staging[0])
-                failed.append(self._staging[0])
-            self._staging = None
-        self._cache.clear()
-        for req in failed:
-            req.done = True
-        deliver([(r, EngineError(str(error))) for r in failed], self._sink)
-
-    def _process(self, reqs: list[Request], logits: torch.Tensor) -> None:
-        """Sample each row, record the token, decide whether it ends, hand it out."""
-        version = self._version
-        sampled = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        out: list[tuple[Request, TokenOutput | Exception]] = []
-        for req, result in zip(reqs, sampled, strict=True):
-            if req.cancelled:
-                continue
-            try:
-                if isinstance(result, Exception):
-                    raise result
-                out.append((req, self._advance(req, result, version)))
-            except Exception as exc:
-                req.done = True
-                out.append((req, EngineError(f"sampling failed: {exc}")))
-        deliver(out, self._sink)
-        self._reap()
-
-    def _advance(self, req: Request, sampled: Sampled, version: int) -> TokenOutput:
-        token = sampled.token_id
-        req.output.append(token)
-        params = req.params
-        if params.constraint is not None:
-            params.constraint.accept_token(token)
-        finish, stop_string = finish_reason(req, token, self._stop_tokenizer)
-        req.done = finish is not None
-        return TokenOutput(
-            token, sampled.logprob, version, sampled.top_logprobs, finish, stop_string
-        )

@@ -104,5 +104,9 @@ class WeightValidationError(EngineError):
     """A state dict offered to swap_weights is unusable; the message names the problem."""
 
 
+class UnknownAdapterError(InvalidRequestError):
+    """A request names an adapter the engine does not serve (never loaded, or unloaded)."""
+
+
 class ContextLengthError(EngineError):
     """The prompt does not fit the engine's max_model_len."""

@@ -5,15 +5,19 @@ pair as `fd`. It loads the model, answers `("hello", info)` (or `("failed", reas
 then serves commands (read on a thread of their own) until told to stop or until the
 server's end of the socket closes:
 
-    ("add", request_id, prompt_ids, params)   queue a completion (params.grammar: plain data)
+    ("add", request_id, prompt_ids, params, adapter)   queue a completion (params.grammar:
+                                                       plain data; adapter: a name or None)
     ("cancel", request_id)                                       drop one
     ("load", call_id, path, version)                             hot-swap a checkpoint
+    ("load_adapter", call_id, name, version, path)               serve an adapter version
+    ("unload_adapter", call_id, name)                            stop serving an adapter
     ("clear_prefix_cache",)  ("stop",)
 
 Tokens go back from the decode thread itself, one `("out", [(request_id, item), ...],
 running, waiting)` message per decode step, where an item is a token tuple
 (`TokenOutput` fields in order) or an exception; `("reply", call_id, result)` answers a
-load.
+load; `("event", name, value)` reports an adapter event (reload waits, evictions) for the
+server's metrics.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import pickle
 import sys
 import threading
+from collections.abc import Coroutine
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -83,6 +88,10 @@ class Worker:
         engine = self.engine
         self.send(("out", wire, engine.num_running, engine.num_waiting))
 
+    def on_adapter_event(self, name: str, value: float) -> None:
+        """Decode or loader thread: an adapter event, for the server's metrics."""
+        self.send(("event", name, value))
+
     async def open(self) -> None:
         """Load the model and start the engine; says hello (or why not) to the server."""
         from liveloop.models import load_model
@@ -100,6 +109,8 @@ class Worker:
                 device=opts["device"],
                 threads=opts["torch_threads"],
                 output_sink=self.on_outputs,
+                max_loaded_adapters=opts.get("max_loaded_adapters", 8),
+                adapter_events=self.on_adapter_event,
             )
             await self.engine.start()
         except Exception as exc:
@@ -123,7 +134,7 @@ class Worker:
         try:
             while True:
                 message = pickle.loads(self.conn.recv_bytes())
-                if message[0] in ("load", "stop"):
+                if message[0] in ("load", "load_adapter", "unload_adapter", "stop"):
                     loop.call_soon_threadsafe(self.handle, message)
                     continue
                 try:
@@ -143,26 +154,36 @@ class Worker:
             self.engine.cancel(message[1])
             self.on_outputs([])  # the new counts: a cancelled request stops counting at once
         elif kind == "load":
-            task = asyncio.create_task(self.load(message[1], message[2], message[3]))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self.reply_later(message[1], self.engine.load_weights(message[2], message[3]))
+        elif kind == "load_adapter":
+            self.reply_later(message[1], self.engine.load_adapter(*message[2:5]))
+        elif kind == "unload_adapter":
+            self.reply_later(message[1], self.engine.unload_adapter(message[2]))
         elif kind == "clear_prefix_cache":
             self.engine.clear_prefix_cache()
         elif kind == "stop":
             self.stopped.set()
 
-    def add(self, request_id: str, prompt: list[int], params: Any) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], params: Any, adapter: str | None = None
+    ) -> None:
         """Queue a completion (the engine compiles its grammar); a refusal goes back as
         that request's only item."""
         try:
-            self.engine.submit(prompt, params, request_id)
+            self.engine.submit(prompt, params, request_id, adapter)
         except Exception as exc:
             self.send(("out", [(request_id, wire_error(exc))], 0, 0))
 
-    async def load(self, call_id: int, path: str, version: int) -> None:
-        """Hot-swap a checkpoint; the pause or the error goes back as a reply."""
+    def reply_later(self, call_id: int, call: Coroutine[Any, Any, Any]) -> None:
+        """Run a weights or adapter call on the loop; its result or error is the reply."""
+        task = asyncio.create_task(self.reply(call_id, call))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def reply(self, call_id: int, call: Coroutine[Any, Any, Any]) -> None:
+        """Await a call and send its result (the pause, None) or its error back."""
         try:
-            result: float | Exception = await self.engine.load_weights(path, version)
+            result: Any = await call
         except Exception as exc:
             result = wire_error(exc)
         self.send(("reply", call_id, result))

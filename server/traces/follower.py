@@ -6,6 +6,11 @@ in flight keep streaming. Every server replica follows the announcements itself
 (`WeightTransport.updates`: a plain XREAD of `liveloop:weights`, no consumer group), since
 each one must see every announcement. A refused checkpoint is logged and counted, and
 serving goes on with the old weights.
+
+An announcement of kind 'adapter' is a LoRA adapter version: it is loaded beside the base
+weights under its adapter's name (`load_adapter`), newer than that adapter's version served
+now, and the routing table (`liveloop.server.adapters`) then sends the requests of its
+tenant (or, for a shared adapter, everyone's) to it. Each adapter has its own version line.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
+from liveloop.server.adapters import AdapterRouting
 from liveloop.weights import CheckpointError, WeightTransport, setup_weight_transport
 
 log = logging.getLogger(__name__)
@@ -38,6 +44,18 @@ class SwappableEngine(Protocol):
 
     async def load_weights(self, path: str, version: int) -> float:
         """Read, check and swap in a checkpoint; the decode pause (s), or CheckpointError."""
+        ...
+
+    async def load_adapter(self, name: str, version: int, path: str) -> float:
+        """Serve a PEFT adapter as `name`, version `version`; the pause, or CheckpointError."""
+        ...
+
+    def adapters(self) -> dict[str, int]:
+        """The adapters served: name -> version."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter `name`."""
         ...
 
 
@@ -98,6 +116,7 @@ class WeightFollower:
         self.refused: list[dict[str, Any]] = []  # the latest HISTORY_LIMIT refusals
         self.refusals = 0  # every refusal since start
         self.rejected: list[dict[str, Any]] = []  # versions the promotion gate refused
+        self.routing = AdapterRouting(engine.adapters)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._last_id: str | None = None
@@ -177,12 +196,64 @@ class WeightFollower:
             )
             return target
 
-    def _record_refusal(self, path: str, version: int, exc: Exception) -> None:
+    async def load_adapter(
+        self,
+        name: str,
+        path: str,
+        version: int,
+        *,
+        tenant: str | None = None,
+        allow_rollback: bool = False,
+    ) -> int:
+        """Serve a PEFT adapter directory as adapter `name`, version `version`, for `tenant`
+        (None: shared); CheckpointError when refused (the version served before goes on).
+
+        Announced versions must be newer than the adapter's served one; an operator may roll
+        one adapter back explicitly (`allow_rollback`), leaving every other as it is.
+        """
+        async with self._lock:
+            current = self.engine.adapters().get(name, -1)
+            try:
+                if version <= current and not allow_rollback:
+                    raise CheckpointError(
+                        f"adapter {name!r} version {version} is not newer than {current}"
+                    )
+                started = time.perf_counter()
+                try:
+                    pause_s = await self.engine.load_adapter(name, version, path)
+                except CheckpointError:
+                    raise
+                except Exception as exc:
+                    raise CheckpointError(f"the engine refused adapter {path}: {exc}") from exc
+                self.metrics.load_seconds.observe(time.perf_counter() - started - pause_s)
+            except CheckpointError as exc:
+                self._record_refusal(path, version, exc, adapter=name)
+                raise
+            self.metrics.swaps.labels("ok").inc()
+            self.metrics.pause_seconds.observe(pause_s)
+            self.routing.announced(name, tenant)
+            self.history.append({"adapter": name, "tenant": tenant, "version": version,
+                                 "path": str(path), "loaded_at": time.time(), "pause_s": pause_s})  # fmt: skip
+            del self.history[:-HISTORY_LIMIT]
+            log.info("serving adapter %s version %d from %s", name, version, path)
+            return version
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter `name` and route nobody to it."""
+        async with self._lock:
+            self.routing.forget_adapter(name)
+            await self.engine.unload_adapter(name)
+            log.info("adapter %s unloaded", name)
+
+    def _record_refusal(
+        self, path: str, version: int, exc: Exception, adapter: str | None = None
+    ) -> None:
         self.metrics.swaps.labels("refused").inc()
         self.refusals += 1
-        self.refused.append(
-            {"version": version, "path": str(path), "at": time.time(), "error": str(exc)}
-        )
+        refusal = {"version": version, "path": str(path), "at": time.time(), "error": str(exc)}
+        if adapter is not None:
+            refusal["adapter"] = adapter
+        self.refused.append(refusal)
         del self.refused[:-HISTORY_LIMIT]
         log.error("refused checkpoint %s (version %d): %s; still serving version %d",
                   path, version, exc, self.current_version)  # fmt: skip
@@ -238,11 +309,17 @@ class WeightFollower:
             if ann.servable:
                 announcements.append(ann)
             elif all(r["version"] != ann.version for r in self.rejected):
-                self.rejected.append(
-                    {"version": ann.version, "path": ann.path, "reason": ann.reason}
-                )
+                self.rejected.append({"version": ann.version, "path": ann.path,
+                                      "reason": ann.reason, "adapter": ann.adapter})  # fmt: skip
                 del self.rejected[:-HISTORY_LIMIT]
-        for ann in sorted(announcements, key=lambda a: a.version, reverse=True):
+        adapters: dict[str, list[WeightsAnnouncement]] = {}
+        for ann in announcements:
+            if ann.kind == "adapter" and ann.adapter:
+                adapters.setdefault(ann.adapter, []).append(ann)
+        for versions in adapters.values():
+            await self._consider_adapter(versions, live)
+        full = [a for a in announcements if a.kind == "full"]
+        for ann in sorted(full, key=lambda a: a.version, reverse=True):
             if ann.version <= self.current_version:
                 return
             try:
@@ -250,6 +327,22 @@ class WeightFollower:
                 if live:
                     delay = max(0.0, time.time() - ann.created_at)
                     self.metrics.checkpoint_to_serving.observe(delay)
+                return
+            except CheckpointError:
+                continue  # already logged and counted; try the next newest
+
+    async def _consider_adapter(self, announced: list[WeightsAnnouncement], live: bool) -> None:
+        """Load the newest announced version of one adapter above the one served."""
+        for ann in sorted(announced, key=lambda a: a.version, reverse=True):
+            assert ann.adapter is not None
+            if ann.version <= self.engine.adapters().get(ann.adapter, -1):
+                return
+            try:
+                await self.load_adapter(ann.adapter, ann.path, ann.version, tenant=ann.tenant)
+                if live:
+                    self.metrics.checkpoint_to_serving.observe(
+                        max(0.0, time.time() - ann.created_at)
+                    )
                 return
             except CheckpointError:
                 continue  # already logged and counted; try the next newest

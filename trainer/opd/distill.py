@@ -5,6 +5,10 @@
 log-probs). It builds each hinted sample's enhanced prompt, leaves out those it cannot build
 exactly or that are longer than `max_turn_tokens`, and asks the teacher for the rest within
 `batch_time_budget_s`. Everything left out is counted by reason and trained without OPD.
+
+With `advantage = "contrastive"` the teacher also scores each taught reply after the turn's
+own prompt, and the signal is the difference, log pi_T(a | s + hint) - log pi_T(a | s): what
+the hint changes in the teacher, without what the teacher and the student disagree on anyway.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from liveloop.config.opd import OPDSettings
 from liveloop.contracts import BatchSample
@@ -19,11 +24,14 @@ from liveloop.trainer.opd.prompts import HintInserter
 from liveloop.trainer.opd.teachers import (
     Teacher,
     TeacherItem,
+    model_teacher,
     policy_teacher,
     reference_teacher,
 )
 from liveloop.trainer.policy import Policy
 
+# Key suffix of a contrastive pair's second item: the reply after the turn's own prompt.
+PLAIN = "|plain"
 # Why a hinted turn got no teacher signal (the order of the reduced statistics).
 SKIP_REASONS = ("template", "mismatch", "too_long", "time_budget", "teacher_error")
 
@@ -39,16 +47,36 @@ class TeacherSignal:
 
 
 def make_teacher(
-    cfg: OPDSettings, policy: Policy, micro_batch_tokens: int, device: str, model_name: str
+    cfg: OPDSettings,
+    policy: Policy,
+    micro_batch_tokens: int,
+    device: str,
+    model_name: str,
+    cache: dict[str, Any] | None = None,
 ) -> Teacher:
-    """The configured teacher."""
+    """The configured teacher (`cache` keeps a loaded teacher model across calls)."""
     if cfg.teacher == "reference":
         return reference_teacher(policy, micro_batch_tokens, device)
+    if cfg.teacher == "model":
+        assert cfg.teacher_model is not None  # checked by the settings
+        return model_teacher(
+            cfg.teacher_model, policy, micro_batch_tokens, device, {} if cache is None else cache
+        )
     if cfg.teacher == "endpoint":
         from liveloop.trainer.opd.endpoint import EndpointTeacher
 
         return EndpointTeacher(cfg.endpoint, model_name)
     return policy_teacher(policy, micro_batch_tokens, device)
+
+
+def _contrasts(scored: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per taught reply, hinted minus plain teacher log-probs (pairs with both scored)."""
+    out = {}
+    for key, hinted in scored.items():
+        plain = scored.get(key + PLAIN)
+        if not key.endswith(PLAIN) and plain is not None:
+            out[key] = [h - p for h, p in zip(hinted, plain, strict=True)]
+    return out
 
 
 class Distiller:
@@ -77,6 +105,10 @@ class Distiller:
                 signal.skipped["too_long"] += 1
                 continue
             items.append(TeacherItem(sample.key, enhanced.ids, sample.completion_token_ids))
+            if self.cfg.advantage == "contrastive":
+                plain = TeacherItem(sample.key + PLAIN, sample.prompt_token_ids,
+                                    sample.completion_token_ids)  # fmt: skip
+                items.append(plain)
         return items
 
     def signal(self, samples: list[BatchSample]) -> TeacherSignal:
@@ -86,8 +118,15 @@ class Distiller:
         items = self.items(samples, signal)
         if items:
             scores = self.teacher.score(items, start + self.cfg.batch_time_budget_s)
-            signal.logprobs = scores.logprobs
-            signal.skipped.update(scores.failed)
+            if self.cfg.advantage == "contrastive":  # a reply with half its pair scored is out
+                signal.logprobs = _contrasts(scores.logprobs)
+                missing = len(items) // 2 - len(signal.logprobs)
+                common = scores.failed.most_common(1)
+                if missing:
+                    signal.skipped[common[0][0] if common else "teacher_error"] += missing
+            else:
+                signal.logprobs = scores.logprobs
+                signal.skipped.update(scores.failed)
         signal.seconds = time.perf_counter() - start
         return signal
 

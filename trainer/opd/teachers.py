@@ -1,11 +1,13 @@
 """Teachers: who scores the sampled tokens under the hinted prompt.
 
 A teacher gets (enhanced prompt ids, completion ids) pairs and returns the log-prob of every
-completion token after its enhanced prompt. Three kinds:
+completion token after its enhanced prompt. Four kinds:
 
 - `policy`: the weights being trained, as they are before the update (self-distillation:
   the policy, told the hint, teaches itself without it);
 - `reference`: the frozen initial weights (LoRA: the base model with the adapter off);
+- `model`: another local model (a bigger one of the same family, say), loaded frozen in the
+  trainer once; its tokenizer must be the policy's, which is checked when it is loaded;
 - `endpoint`: another model behind an HTTP server that returns prompt log-probs
   (`liveloop.trainer.opd.endpoint`).
 
@@ -19,8 +21,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from liveloop.config import ConfigError
 from liveloop.contracts import BatchSample
 from liveloop.trainer.data import MicroBatch, build_micro_batch, pack_bins
 from liveloop.trainer.policy import Policy, completion_logprobs
@@ -132,3 +135,42 @@ def reference_teacher(policy: Policy, micro_batch_tokens: int, device: str) -> L
     if not policy.has_reference:
         raise RuntimeError("the reference teacher needs the reference model to be loaded")
     return LocalTeacher("reference", policy.reference_logprobs, micro_batch_tokens, device)
+
+
+def tokenizer_mismatch(student: Any, teacher: Any) -> str | None:
+    """Why two tokenizers would not give the same ids for the same text, or None."""
+    mine, theirs = student.get_vocab(), teacher.get_vocab()
+    if len(mine) != len(theirs):
+        return f"vocabularies of {len(mine)} and {len(theirs)} tokens"
+    differ = sum(1 for token, index in mine.items() if theirs.get(token) != index)
+    if differ:
+        return f"{differ} of {len(mine)} tokens have other ids"
+    if student.eos_token != teacher.eos_token:
+        return f"end-of-text tokens {student.eos_token!r} and {teacher.eos_token!r}"
+    return None
+
+
+def model_teacher(
+    spec: str, policy: Policy, micro_batch_tokens: int, device: str, cache: dict[str, Any]
+) -> LocalTeacher:
+    """Another local model, frozen; loaded once per trainer (kept in `cache` across reloads
+    of the policy). ConfigError when its tokenizer is not the policy's."""
+    from liveloop.models import load_model
+
+    key = f"teacher:{spec}:{device}"
+    if key not in cache:
+        loaded = load_model(spec, device=device)
+        problem = tokenizer_mismatch(policy.tokenizer, loaded.tokenizer)
+        if problem is not None:
+            raise ConfigError(
+                f"trainer.opd.teacher_model = {spec!r}: its tokenizer is not the policy's "
+                f"({problem}); a teacher must score the very token ids the policy sampled"
+            )
+        loaded.model.requires_grad_(False)
+        cache[key] = loaded.model
+    teacher = cache[key]
+
+    def logprobs(mb: MicroBatch) -> torch.Tensor:
+        return completion_logprobs(teacher, mb)[0]
+
+    return LocalTeacher(f"model:{spec}", logprobs, micro_batch_tokens, device)

@@ -43,6 +43,7 @@ class PreparedChat:
     session: SessionTurn | None = None  # set by open_session, once the engine has started
     headers: dict[str, str] = field(default_factory=dict)
     submitted: float = 0.0
+    adapter: str | None = None  # the LoRA adapter it runs on (None: the base weights)
     # The functions the request offered: JSON naming one of them counts as a call too.
     offered_tools: list[ToolSpec] = field(default_factory=list)
 
@@ -116,6 +117,7 @@ def turn_record(
         completion_token_ids=list(sample.token_ids),
         logprobs=list(sample.logprobs),
         versions=list(sample.versions),
+        adapter=prep.adapter,
         finish_reason=finished.finish_reason,
         model=prep.model,
         prompt_mode=prep.prompt.mode,

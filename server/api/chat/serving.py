@@ -18,6 +18,7 @@ from typing import Any
 
 from liveloop.config import ServerConfig
 from liveloop.contracts import TurnRecord, TurnType
+from liveloop.server.adapters import AdapterRouting
 from liveloop.server.api.chat.protocol import ChatCompletionRequest
 from liveloop.server.api.chat.records import (
     FinishedSample,
@@ -87,8 +88,10 @@ class ChatService:
         model_name: str,
         model_aliases: set[str],
         capture_enabled: Callable[[], bool],
+        adapters: AdapterRouting | None = None,
     ) -> None:
         self.engine = engine
+        self.adapters = adapters or AdapterRouting(engine.adapters)
         self.tokenizer = tokenizer
         self.prompts = PromptBuilder(template, tokenizer)
         self.token_text = TokenText(tokenizer)
@@ -138,6 +141,7 @@ class ChatService:
             session_hint=ctx.session_id,
             session_key=ctx.session_id
             or (previous.session_id if previous is not None else new_session_id()),
+            adapter=self.adapters.for_tenant(ctx.tenant),
         )
 
     def _check_max_tokens(self, request: ChatCompletionRequest) -> None:
@@ -211,7 +215,17 @@ class ChatService:
         prep.headers = {
             "X-Session-Id": prep.session.session_id,
             "X-Turn-Index": str(prep.session.turn_index),
+            **self.policy_headers(prep.adapter),
         }
+
+    def policy_headers(self, adapter: str | None) -> dict[str, str]:
+        """`X-Policy-Version` of the weights a request runs on, with `X-Policy-Adapter`
+        naming the adapter when one serves it (its versions are its own)."""
+        version = self.adapters.version_of(adapter, int(self.engine.version))
+        headers = {"X-Policy-Version": str(version)}
+        if adapter is not None:
+            headers["X-Policy-Adapter"] = adapter
+        return headers
 
     def _build_prompt(
         self,
@@ -281,6 +295,7 @@ class ChatService:
                         params,
                         f"{prep.request_id}-{i}",
                         affinity=prep.session_key,
+                        adapter=prep.adapter,
                     )
                 )
         except EngineError as exc:
@@ -289,6 +304,7 @@ class ChatService:
             raise engine_error(exc) from None
         prep.submitted = time.perf_counter()
         self.metrics.prompt_tokens.inc(len(prep.prompt.token_ids) * len(samples))
+        self.metrics.count_adapter_request(prep.adapter)
         return samples, iterators
 
     def observe(self, sample: SampleState, out: TokenOutput) -> None:

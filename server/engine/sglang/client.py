@@ -2,7 +2,8 @@
 
 Only SGLang's native endpoints are used: `/generate` (token ids in, streamed chunks with
 per-token log-probs out), `/health`, `/model_info`, `/get_server_info`,
-`/pause_generation`, `/continue_generation`, `/update_weights_from_disk` and
+`/pause_generation`, `/continue_generation`, `/update_weights_from_disk`,
+`/load_lora_adapter`, `/unload_lora_adapter`, `/v1/models` (the adapters loaded) and
 `/abort_request`. A failure of the server itself (refused connection, timeout, 5xx, a
 stream cut short) is a `ReplicaUnavailable`; a request the server refuses (4xx) is a
 `RequestRefused` carrying SGLang's message.
@@ -147,6 +148,43 @@ class SGLangClient:
         except RequestRefused as exc:
             return False, str(exc)
         return bool(data.get("success")), str(data.get("message", ""))
+
+    async def load_lora(self, name: str, path: str, timeout_s: float) -> tuple[bool, str]:
+        """`/load_lora_adapter` under `name`; (success, SGLang's message)."""
+        return await self._lora_call(
+            "/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout_s
+        )
+
+    async def unload_lora(self, name: str, timeout_s: float) -> tuple[bool, str]:
+        """`/unload_lora_adapter` (SGLang waits for the requests still using it)."""
+        return await self._lora_call("/unload_lora_adapter", {"lora_name": name}, timeout_s)
+
+    async def _lora_call(
+        self, path: str, body: dict[str, Any], timeout_s: float
+    ) -> tuple[bool, str]:
+        """SGLang answers these with `{"success", "error_message"}` (400 when it failed)."""
+        try:
+            response = await self._http.post(path, json=body, timeout=timeout_s)
+        except httpx.ConnectError as exc:
+            raise ReplicaUnavailable(f"{self.url}: {exc}", refused=True) from None
+        except httpx.TransportError as exc:
+            raise ReplicaUnavailable(f"{self.url}{path}: {type(exc).__name__} {exc}") from None
+        if response.status_code >= 500:
+            self._raise_for(response, path)
+        try:
+            data = response.json()
+        except ValueError:
+            return False, response.text[:500] or f"HTTP {response.status_code}"
+        if not isinstance(data, dict):
+            return False, str(data)[:500]
+        ok = bool(data.get("success")) and response.status_code == 200
+        message = data.get("error_message") or ("" if ok else error_message(response))
+        return ok, str(message)
+
+    async def loaded_loras(self) -> set[str]:
+        """The LoRA adapter names the server has loaded (from `/v1/models`)."""
+        data = (await self.call("GET", "/v1/models")).get("data") or []
+        return {str(m["id"]) for m in data if isinstance(m, dict) and m.get("parent")}
 
     async def abort(self, rid: str) -> None:
         """`/abort_request` for one request id (best effort)."""

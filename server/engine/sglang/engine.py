@@ -6,7 +6,9 @@ the prompt ids to a replica's native `/generate` and hands back SGLang's own tok
 behaviour log-probs and per-token weight versions. Replicas form a pool with session
 affinity and health checks (`pool.py`); new weights roll across them one at a time
 (`rolling.py`); the gateway validates a checkpoint before any replica sees it
-(`checkpoints.py`); `launch > 0` starts local SGLang servers (`launcher.py`).
+(`checkpoints.py`); LoRA adapters go through SGLang's own multi-LoRA, loaded into the
+replicas one at a time under versioned names (`adapters.py`, with `enable_lora`);
+`launch > 0` starts local SGLang servers (`launcher.py`).
 
 Nothing here imports torch: the tokenizer is loaded as a plain fast tokenizer, and the
 model's limits come from its config files.
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from liveloop.config import ConfigError, SGLangConfig
 from liveloop.server.engine.base import EngineClient
+from liveloop.server.engine.sglang.adapters import AdapterRollout, validate_adapter
 from liveloop.server.engine.sglang.checkpoints import (
     TensorInfo,
     map_path,
@@ -33,10 +36,15 @@ from liveloop.server.engine.sglang.checkpoints import (
 )
 from liveloop.server.engine.sglang.client import ReplicaUnavailable, RequestRefused
 from liveloop.server.engine.sglang.generation import Generation
-from liveloop.server.engine.sglang.pool import ReplicaPool
+from liveloop.server.engine.sglang.pool import Replica, ReplicaPool
 from liveloop.server.engine.sglang.rolling import RollingUpdater, Target
 from liveloop.server.engine.stream import RequestStream, check_request
-from liveloop.server.engine.types import EngineError, SamplingParams, TokenOutput
+from liveloop.server.engine.types import (
+    EngineError,
+    SamplingParams,
+    TokenOutput,
+    UnknownAdapterError,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -121,6 +129,7 @@ class SGLangEngine(EngineClient):
         self._launcher: SGLangLauncher | None = None
         self._pool: ReplicaPool | None = None
         self._updater: RollingUpdater | None = None
+        self._rollout: AdapterRollout | None = None
         self._tasks: dict[str, tuple[asyncio.Task[None], Generation]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._max_model_len = 0
@@ -157,6 +166,9 @@ class SGLangEngine(EngineClient):
             backoff_s=cfg.retry_backoff_s,
         )
         self._pool, self._updater = pool, updater
+        self._rollout = AdapterRollout(
+            pool, timeout_s=cfg.update_timeout_s, backoff_s=cfg.retry_backoff_s
+        )
         await asyncio.gather(*(updater.discover(r) for r in pool.replicas))
         if not pool.serving:
             await self.stop()
@@ -165,8 +177,14 @@ class SGLangEngine(EngineClient):
         versions = sorted({r.version for r in pool.serving})
         if len(versions) > 1:
             log.warning("SGLang replicas serve different versions %s", versions)
-        pool.on_recovered = updater.recover
+        pool.on_recovered = self._recover
         await pool.start()
+
+    async def _recover(self, replica: Replica) -> None:
+        """A replica answers again: bring its weights, then its adapters, up to date."""
+        assert self._updater is not None and self._rollout is not None
+        await self._updater.recover(replica)
+        await self._rollout.recover(replica)
 
     async def _context_window(self) -> int:
         assert self._facts is not None and self._pool is not None
@@ -191,9 +209,11 @@ class SGLangEngine(EngineClient):
         self._tasks.clear()
         if self._updater is not None:
             await self._updater.stop()
+        if self._rollout is not None:
+            await self._rollout.stop()
         if self._pool is not None:
             await self._pool.stop()
-        self._pool = self._updater = None
+        self._pool = self._updater = self._rollout = None
         if self._launcher is not None:
             await self._launcher.stop()
             self._launcher = None
@@ -261,14 +281,20 @@ class SGLangEngine(EngineClient):
         request_id: str | None = None,
         *,
         affinity: str | None = None,
+        adapter: str | None = None,
     ) -> RequestStream:
-        """Send the request to the session's replica at once and stream its tokens."""
+        """Send the request to the session's replica at once and stream its tokens.
+
+        On an adapter, the session's replica among those serving it.
+        """
         prompt = [int(t) for t in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self._max_model_len)
         if params.constraint is not None:
             raise EngineError("the SGLang engine takes structured output as `grammar` only")
         if self._pool is None or self._updater is None or not self._pool.serving:
             raise EngineError("no SGLang replica is available")
+        if adapter is not None and adapter not in self.adapters():
+            raise UnknownAdapterError(f"adapter {adapter!r} is not loaded")
         rid = request_id or uuid.uuid4().hex
         queue: asyncio.Queue[TokenOutput | Exception] = asyncio.Queue()
         generation = Generation(
@@ -281,6 +307,8 @@ class SGLangEngine(EngineClient):
             queue,
             resume_attempts=self.config.resume_attempts,
             base_version=self._updater.base_version,
+            adapter=adapter,
+            rollout=self._rollout,
         )
         self._loop = asyncio.get_running_loop()
         task = self._loop.create_task(generation.run(), name=f"sglang-{rid}")
@@ -323,3 +351,29 @@ class SGLangEngine(EngineClient):
             raise CheckpointError("empty checkpoint path")
         served = map_path(str(local.absolute()), self.config.path_map)
         return await self._updater.roll(Target(served, int(version)))
+
+    # ----------------------------------------------------------------- adapters
+    async def load_adapter(self, name: str, version: int, path: str) -> float:
+        """Validate the adapter here, then load it into each replica in turn (see
+        `adapters.py`); the longest single load (s). Base weights never pause."""
+        if self._rollout is None or self._facts is None:
+            raise EngineError("engine is not running")
+        if not self.config.enable_lora:
+            raise EngineError(
+                "the SGLang engine serves adapters only with server.sglang.enable_lora"
+            )
+        local = Path(path)
+        if self.config.check_checkpoints:
+            await asyncio.to_thread(validate_adapter, local, self._facts.tensors, self.config)
+        served = map_path(str(local.absolute()), self.config.path_map)
+        return await self._rollout.load(name, int(version), served)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving an adapter; each replica unloads it once its requests are done."""
+        if self._rollout is None:
+            raise EngineError("engine is not running")
+        await self._rollout.unload(name)
+
+    def adapters(self) -> dict[str, int]:
+        """The adapters served: name -> version."""
+        return self._rollout.versions() if self._rollout is not None else {}

@@ -5,7 +5,9 @@ exactly what SGLang sampled: each token's id and behaviour log-prob from
 `output_token_logprobs`. Chunks may be cumulative (SGLang's default) or incremental
 (`--incremental-streaming-output`); `completion_tokens` says which entries are new.
 While streaming, a token carries the version label of its chunk; the final chunk's
-`weight_versions` spans are authoritative and come back as `TokenOutput.versions`.
+`weight_versions` spans are authoritative and come back as `TokenOutput.versions`. A
+request on a LoRA adapter runs on the adapter version its replica serves (SGLang's
+`lora_path`), and its tokens carry that adapter version.
 
 If the replica dies or aborts the request (pause mode 'abort') before it finishes, the
 request continues on another replica from prompt + the tokens it already has (AReaL's
@@ -21,6 +23,7 @@ import contextlib
 import logging
 from typing import Any
 
+from liveloop.server.engine.sglang.adapters import AdapterRollout
 from liveloop.server.engine.sglang.client import ReplicaUnavailable, RequestRefused
 from liveloop.server.engine.sglang.pool import Replica, ReplicaPool, parse_version
 from liveloop.server.engine.types import (
@@ -97,6 +100,8 @@ class Generation:
         *,
         resume_attempts: int,
         base_version: int,
+        adapter: str | None = None,
+        rollout: AdapterRollout | None = None,
     ) -> None:
         self.pool = pool
         self.prompt = prompt
@@ -107,6 +112,9 @@ class Generation:
         self.queue = queue
         self.resume_attempts = resume_attempts
         self.base = base_version
+        self.adapter = adapter
+        self.rollout = rollout
+        self._adapter_version: int | None = None  # of this attempt, on a LoRA adapter
         self.tokens: list[int] = []
         self.versions: list[int] = []
         self.replica: Replica | None = None
@@ -123,11 +131,13 @@ class Generation:
         attempt = 0
         try:
             while True:
-                replica = self.pool.pick(self.affinity, exclude=tried) or self.pool.pick(
-                    self.affinity
+                adapter = self.adapter
+                replica = self.pool.pick(self.affinity, tried, adapter) or self.pool.pick(
+                    self.affinity, adapter=adapter
                 )
                 if replica is None:
-                    raise EngineError("no SGLang replica is available")
+                    what = f" with adapter {adapter!r}" if adapter is not None else ""
+                    raise EngineError(f"no SGLang replica{what} is available")
                 try:
                     if await self._attempt(replica, attempt):
                         return
@@ -171,6 +181,13 @@ class Generation:
         }
         if self.params.top_logprobs:
             body["top_logprobs_num"] = self.params.top_logprobs
+        lease = None
+        if self.adapter is not None and self.rollout is not None:
+            lease = self.rollout.acquire(replica, self.adapter)
+            if lease is None:  # picked among the replicas serving it, with no await since
+                raise EngineError(f"{replica.url} does not serve adapter {self.adapter!r}")
+            body["lora_path"] = lease.lora
+        self._adapter_version = lease.version if lease is not None else None
         replica.running += 1
         replica.requests += 1
         offset, seen = len(self.tokens), 0
@@ -191,6 +208,8 @@ class Generation:
         finally:
             replica.running -= 1
             self.replica = None
+            if lease is not None and self.rollout is not None:
+                self.rollout.release(lease)
 
     def _take(self, meta: dict[str, Any], seen: int, offset: int) -> int:
         """Put this chunk's new tokens (all but the finishing one) on the queue."""
@@ -204,6 +223,8 @@ class Generation:
         tops = (meta.get("output_top_logprobs") or [])[-new:] if self.params.top_logprobs else []
         parsed = parse_version(meta.get("weight_version"))
         version = self.base if parsed is None else parsed
+        if self._adapter_version is not None:
+            version = self._adapter_version
         finishing = bool(meta.get("finish_reason"))
         self._last = None
         for i, entry in enumerate(fresh):
@@ -242,8 +263,9 @@ class Generation:
                 raise RequestRefused(message)
             raise EngineError(f"SGLang aborted the request: {message}")
         count = len(self.tokens) - offset
-        own = span_versions(meta.get("weight_versions"), count, self.versions[offset:], self.base)
-        self.versions[offset:] = own
+        if self._adapter_version is None:
+            spans = meta.get("weight_versions")
+            self.versions[offset:] = span_versions(spans, count, self.versions[offset:], self.base)
         matched = finish.get("matched")
         reason = "length" if kind == "length" else "stop"
         if last is None:

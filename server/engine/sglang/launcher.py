@@ -4,7 +4,8 @@ Each server is `python -m sglang.launch_server` on the served model's directory,
 process group of its own (SGLang starts scheduler and detokenizer children; stopping the
 group stops them all) that also dies with the gateway. GPU by default; with
 `device = "cpu"` it gets SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`, `--device cpu`,
-torch_native attention, float32, sleep on idle). A server that exits on its own is started
+torch_native attention, float32, sleep on idle). With `enable_lora` it also gets SGLang's
+multi-LoRA flags (`--enable-lora` and its limits). A server that exits on its own is started
 again on the same port with backoff; the pool's health checks see it come back and the
 rolling updater brings it to the served version before it takes requests.
 """
@@ -49,7 +50,27 @@ def launch_command(python: str, model_dir: str, port: int, cfg: SGLangConfig) ->
         for flag, value in CPU_DEFAULTS:
             if flag not in extra:
                 cmd += [flag] if value is None else [flag, value]
-    return cmd + extra
+    return cmd + lora_flags(cfg, extra) + extra
+
+
+def lora_flags(cfg: SGLangConfig, extra: list[str]) -> list[str]:
+    """SGLang's multi-LoRA flags for `enable_lora` (those `launch_args` do not set)."""
+    if not cfg.enable_lora:
+        return []
+    backend = cfg.lora_backend or ("torch_native" if cfg.device == "cpu" else None)
+    flags: list[tuple[str, list[str]]] = [
+        ("--enable-lora", []),
+        ("--max-loras-per-batch", [str(cfg.max_loras_per_batch)]),
+        ("--max-lora-rank", [str(cfg.max_lora_rank)]),
+        ("--lora-target-modules", list(cfg.lora_target_modules)),
+    ]
+    if backend is not None:
+        flags.append(("--lora-backend", [backend]))
+    out: list[str] = []
+    for flag, values in flags:
+        if flag not in extra:
+            out += [flag, *values]
+    return out
 
 
 def server_env(cfg: SGLangConfig) -> dict[str, str]:

@@ -11,7 +11,8 @@ from liveloop.server.engine.sglang.pool import Replica, ReplicaPool
 
 
 class ReplicaCollector(Collector):
-    """`liveloop_sglang_replica_*{replica="URL"}`: up, in pool, running, version, counters."""
+    """`liveloop_sglang_replica_*{replica="URL"}`: up, in pool, running, version, adapters,
+    counters."""
 
     def __init__(self, pool: ReplicaPool) -> None:
         self.pool = pool
@@ -26,6 +27,7 @@ class ReplicaCollector(Collector):
                 lambda r: r.running,
             ),
             "policy_version": ("Policy version the replica serves.", lambda r: r.version),
+            "adapters": ("LoRA adapters the replica serves.", lambda r: len(r.loras.served)),
         }
         for name, (doc, read) in gauges.items():
             family = GaugeMetricFamily(f"liveloop_sglang_replica_{name}", doc, labels=["replica"])
@@ -42,10 +44,19 @@ class ReplicaCollector(Collector):
             "Weight updates of the replica, by outcome (ok, failed).",
             labels=["replica", "outcome"],
         )
+        adapter_loads = CounterMetricFamily(
+            "liveloop_sglang_replica_adapter_loads",
+            "LoRA adapter versions loaded into the replica, by outcome (ok, failed; a failed "
+            "one is retried, the previous version serving meanwhile).",
+            labels=["replica", "outcome"],
+        )
         for replica in self.pool.replicas:
             requests.add_metric([replica.url, "ok"], replica.requests - replica.request_errors)
             requests.add_metric([replica.url, "error"], replica.request_errors)
             updates.add_metric([replica.url, "ok"], replica.updates_ok)
             updates.add_metric([replica.url, "failed"], replica.updates_failed)
+            adapter_loads.add_metric([replica.url, "ok"], replica.loras.loads_ok)
+            adapter_loads.add_metric([replica.url, "failed"], replica.loras.loads_failed)
         yield requests
         yield updates
+        yield adapter_loads

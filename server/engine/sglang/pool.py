@@ -35,6 +35,24 @@ def parse_version(label: object) -> int | None:
     return int(text) if text.isdecimal() else None
 
 
+@dataclass
+class ReplicaAdapters:
+    """The LoRA adapters one replica serves, as the gateway loaded them.
+
+    `served`: adapter name -> the version this replica serves (its SGLang name is
+    `<adapter>@v<version>`); `users`: SGLang adapter name -> requests of the gateway
+    running on it there; `stale`: superseded SGLang names to unload once unused.
+    """
+
+    served: dict[str, int] = field(default_factory=dict)
+    users: dict[str, int] = field(default_factory=dict)
+    stale: set[str] = field(default_factory=set)
+    loads_ok: int = 0
+    loads_failed: int = 0
+    unloads: int = 0
+    unloads_failed: int = 0
+
+
 @dataclass(eq=False)
 class Replica:
     """One SGLang server as the gateway sees it."""
@@ -54,6 +72,7 @@ class Replica:
     pauses: int = 0  # times the gateway paused its generation (an abort then is ours)
     last_error: str = ""
     since: float = field(default_factory=time.time)
+    loras: ReplicaAdapters = field(default_factory=ReplicaAdapters)
 
     def set_state(self, state: str, in_pool: bool) -> None:
         """Move to a state; `in_pool` says whether new requests may come here."""
@@ -72,6 +91,7 @@ class Replica:
             "version": self.version,
             "running": self.running,
             "updates_failed": self.updates_failed,
+            "adapters": dict(self.loras.served),
             "last_error": self.last_error or None,
         }
 
@@ -133,9 +153,19 @@ class ReplicaPool:
         """Replicas taking new requests."""
         return [r for r in self.replicas if r.in_pool]
 
-    def pick(self, affinity: str | None, exclude: set[Replica] | None = None) -> Replica | None:
-        """The replica for a request: the session's on the ring, else the least busy."""
-        candidates = [r for r in self.serving if not exclude or r not in exclude]
+    def pick(
+        self,
+        affinity: str | None,
+        exclude: set[Replica] | None = None,
+        adapter: str | None = None,
+    ) -> Replica | None:
+        """The replica for a request: the session's on the ring, else the least busy
+        (among those serving `adapter`, when one is named)."""
+        candidates = [
+            r
+            for r in self.serving
+            if (not exclude or r not in exclude) and (adapter is None or adapter in r.loras.served)
+        ]
         if not candidates:
             return None
         if affinity is None:

@@ -1,8 +1,10 @@
-"""A fixed probe set, answered by a policy's weights and judged: what the promotion gate sees.
+"""A probe set answered by a policy's weights, judged and measured: what the promotion gate sees.
 
-A probe is a question plus, when it comes from a held-out simulated user, that user, who
-reacts to the reply the way they would in a session; the reaction is the next state the
-configured judges score, exactly as in the judging loop. Replies are sampled in one
+A probe is a request (its messages, and tools if any) from a probe source
+(`liveloop.trainer.safeguards.sources`): an operator's prompt, a recent served prompt, or a
+question of the demo's held-out simulated users. A probe may carry how its asker reacts to a
+reply; the reaction is then the next state the configured judges score, exactly as in the
+judging loop, and without one the judges score the reply alone. Replies are sampled in one
 batched `generate` with a fixed seed, so two versions answer the same questions with the
 same random numbers, which keeps their comparison tight. The sampling model's own log-probs
 of the sampled tokens come from the logits `generate` computed anyway, so only the reference
@@ -19,38 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from liveloop.config.defaults import model_defaults
-from liveloop.config.gate import GateSettings
 from liveloop.contracts import BatchSample, TurnRecord
-from liveloop.demo.language import distinct_n, read_reply
-from liveloop.demo.preferences import Question, WordLimit, make_population
 from liveloop.prm.judges.base import JudgeRequest, NextState
 from liveloop.prm.panel import JudgePanel
+from liveloop.probe_sources import Probe
+from liveloop.reading import distinct_n, read_reply
 from liveloop.trainer.data import MicroBatch, build_micro_batch
 
 if TYPE_CHECKING:
     import torch
 
 EXAMPLES_KEPT = 6
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One probe question; `user` reacts to the reply (None: an operator prompt)."""
-
-    question: Question
-    user: WordLimit | None = None
-
-
-def probe_set(gate: GateSettings, model: str) -> list[Probe]:
-    """Operator prompts, or else one question from each held-out simulated user."""
-    if gate.prompts:
-        return [Probe(Question(text)) for text in gate.prompts]
-    defaults = model_defaults(model)
-    people = make_population(
-        gate.probe_users, gate.seed, defaults.word_limits, strict=defaults.has_language
-    )
-    return [Probe(p.ask(random.Random(gate.seed + i)), p) for i, p in enumerate(people)]
 
 
 class ProbeReply(BaseModel):
@@ -100,9 +81,7 @@ def render_prompts(tokenizer: Any, probes: list[Probe]) -> list[list[int]]:
     from liveloop.server.tools.template import ChatTemplate
 
     template = ChatTemplate(tokenizer)
-    return [
-        template.render_ids([{"role": "user", "content": p.question.text}], None) for p in probes
-    ]
+    return [template.render_ids(p.messages, p.tools) for p in probes]
 
 
 def sample_replies(
@@ -196,7 +175,7 @@ def probe_record(probe: Probe, sampled: Sampled, i: int, version: int, model: st
         turn_index=0,
         tenant="gate",
         request_id=f"gate-{version}-{i}",
-        messages=[{"role": "user", "content": probe.question.text}],
+        messages=probe.messages,
         response={"role": "assistant", "content": sampled.texts[i]},
         prompt_token_ids=sampled.prompts[i],
         completion_token_ids=sampled.completions[i],
@@ -215,14 +194,14 @@ async def judge_replies(
     for i, probe in enumerate(probes):
         text = sampled.texts[i]
         reaction = None
-        if probe.user is not None:
-            reaction = probe.user.react(probe.question, text, random.Random(seed + i)).text
+        if probe.react is not None:
+            reaction = probe.react(text, random.Random(seed + i))
         state = NextState(messages=[{"role": "user", "content": reaction}] if reaction else None)
         record = probe_record(probe, sampled, i, version, model)
         verdict = await panel.judge(JudgeRequest.for_turn(record, state))
         replies.append(
             ProbeReply(
-                question=probe.question.text,
+                question=probe.question,
                 reply=text,
                 reaction=reaction,
                 score=verdict.score if verdict else None,
@@ -246,10 +225,7 @@ def summarise(
     d = [r - p for p, r in zip(policy_logp, reference_logp, strict=True)]
     kl = sum(float((torch.exp(x) - x - 1.0).sum()) for x in d) / max(tokens, 1)
     scores = [r.score for r in replies if r.score is not None]
-    readings = [
-        read_reply(r.reply, p.question.topic.forms if p.question.topic else None)
-        for r, p in zip(replies, probes, strict=True)
-    ]
+    readings = [read_reply(r.reply, p.topic) for r, p in zip(replies, probes, strict=True)]
     topical = [x.on_topic for x in readings if x.on_topic is not None]
     return ProbeResult(
         version=version,

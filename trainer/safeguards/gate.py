@@ -1,8 +1,8 @@
 """The promotion gate: a trained version is served only if it does not make things worse.
 
 Reward alone can rise while replies decay, so before the trainer announces a version it
-answers a fixed probe set (`liveloop.trainer.probes`) with the new weights, in the
-trainer's own process: serving never waits for it. The version is refused when its judged
+answers a probe set (drawn by a probe source, `liveloop.trainer.safeguards.sources`) with the
+new weights, in the trainer's own process: serving never waits for it. The version is refused when its judged
 probe reward falls below the serving version's (or version 0's) by more than
 `reward_margin`, when its KL to the reference model exceeds `max_kl`, when its replies'
 reference NLL per token exceeds `max_nll_ratio` times version 0's, or, for a model with
@@ -11,7 +11,10 @@ language, when fewer of its replies name the question's topic than version 0's b
 than version 0's by more than `max_nonsense_rise`, or when more than `max_symbol_share` of
 them are dominated by symbols. A refused
 version is recorded and announced as rejected (never served), and the trainer trains on from
-the last accepted version.
+the last accepted version. A candidate is only ever compared with versions probed on the
+same set: when a refreshing source draws a new one, version 0 and the serving version are
+probed on it again before the next candidate. With no probes at all (no traffic served yet)
+the gate has no evidence and accepts, saying so.
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ from liveloop.config.gate import GateSettings
 from liveloop.prm.judges.registry import load_judges
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
+from liveloop.probe_sources import Probe, ProbeSource
 from liveloop.trainer.policy import Policy
-from liveloop.trainer.probes import (
+from liveloop.trainer.safeguards.probing import (
     ProbeResult,
     Sampled,
     judge_replies,
-    probe_set,
     render_prompts,
     reply_logprobs,
     sample_replies,
@@ -78,11 +81,15 @@ def reference_weights(policy: Policy) -> Iterator[Any]:
 class PromotionGate:
     """Probes a candidate's weights and decides whether it may replace the serving version."""
 
-    def __init__(self, model: str, cfg: GateSettings, panel: JudgePanel) -> None:
+    def __init__(
+        self, model: str, cfg: GateSettings, panel: JudgePanel, source: ProbeSource
+    ) -> None:
         self.model = model
         self.cfg = cfg
         self.panel = panel
-        self.probes = probe_set(cfg, model)
+        self.source = source
+        self.probes: list[Probe] = []
+        self.drawn_at = 0  # the version the probe set was drawn at
         defaults = model_defaults(model)
         self.max_tokens = self.cfg.max_tokens or defaults.reply_tokens
         self.max_kl = self.cfg.max_kl if self.cfg.max_kl is not None else defaults.gate_max_kl
@@ -120,6 +127,9 @@ class PromotionGate:
         plain model the version is served as, `Policy.export()`; LoRA adapters merged sample
         faster) or, when not given, the policy's model as it stands."""
         started = time.perf_counter()
+        if not self.probes:
+            return ProbeResult(version=version, probes=0, scored=0, ref_nll=0.0, kl_ref=0.0,
+                               mean_words=0.0, distinct_2=None, symbol_share=0.0)  # fmt: skip
         model = weights if weights is not None else policy.model
         sampled, reference = await asyncio.to_thread(self._sample, policy, version, model)
         replies = await judge_replies(
@@ -130,14 +140,36 @@ class PromotionGate:
         return result
 
     async def start(self, policy: Policy, serving_version: int) -> None:
-        """Probe version 0 (the drift baseline) and the version being served now."""
+        """Draw the probe set; probe version 0 (the drift baseline) and the serving version."""
+        await self._draw(serving_version)
+        await self._baselines(policy, serving_version)
+
+    async def refresh(self, policy: Policy, serving_version: int) -> None:
+        """Before an update: a refreshing source draws a new probe set every
+        `refresh_versions` versions; a changed set is probed on version 0 and the serving
+        version (`policy` holds the serving weights now) before any candidate meets it."""
+        if not self.source.refreshes or serving_version - self.drawn_at < self.cfg.refresh_versions:
+            return
+        before = self.probes
+        await self._draw(serving_version)
+        if self.probes != before:
+            self._live.clear()
+            await self._baselines(policy, serving_version)
+
+    async def _draw(self, version: int) -> None:
+        self.probes = await self.source.draw()
+        self._prompts = None
+        self.drawn_at = version
+
+    async def _baselines(self, policy: Policy, serving_version: int) -> None:
         self.version0 = await self.probe(policy, 0)
         self.accepted(self.version0)
         if serving_version > 0:
             self.accepted(await self.probe(policy, serving_version))
         log.info(
-            "promotion gate ready: %d probes, version 0 reward %s, reference NLL %.3f",
+            "promotion gate ready: %d probes (%s), version 0 reward %s, reference NLL %.3f",
             len(self.probes),
+            self.source.name,
             _fmt(self.version0.reward),
             self.version0.ref_nll,
         )
@@ -146,6 +178,10 @@ class PromotionGate:
         """Accept unless the candidate regresses in reward or drifts too far (reasons given)."""
         if self.version0 is None or self.serving is None:
             raise RuntimeError("PromotionGate.start() has not run")
+        if not candidate.probes:
+            return GateVerdict(
+                accepted=True, reason="no probes yet: nothing to compare", probe=candidate
+            )
         reasons = self._reward_reasons(candidate, self.version0, self.serving)
         reasons += self._drift_reasons(candidate, self.version0)
         return GateVerdict(accepted=not reasons, reason="; ".join(reasons) or None, probe=candidate)

@@ -4,24 +4,24 @@ The promotion gate decides on a few probe replies before a version is served, an
 miss a version that then serves hundreds of bad replies. Every version's judged served
 turns are counted per version in Redis (`liveloop.quality`), so the trainer can look back:
 once a live version has `min_turns` judged turns, its mean served reward is compared with
-the turns of the last few versions that passed this check, taken together (not with the
-best of them: the best of a few noisy means is high by luck). If it is lower by more than
-a margin *and* by more than `z` standard errors of the difference (a plain two-sample z
-test, so a few unlucky turns do not trigger it), `ServedWatch.check` returns a `Rollback`:
-the trainer loads the newest good version's weights and publishes them under a new version
-number (servers only ever move forward), and the bad version and the versions trained
-from it are marked `rolled_back` in the registry.
+the turns of the last few versions judged good, taken together (not with the best of them:
+the best of a few noisy means is high by luck). If it is lower by more than a margin *and*
+by more than `z` standard errors of the difference (a plain two-sample z test, so a few
+unlucky turns do not trigger it), `ServedWatch.check` returns a `Rollback` to the newest
+good version whose checkpoint is still on disk; the versions that went live since it are
+abandoned with the culprit. Where the trainer measures served drift (a model with
+language), a version whose served replies' reference NLL per token exceeds
+`max_nll_ratio` times version 0's is rolled back too.
 
-The watch remembers the versions in the order they went live, and keeps the checkpoints of
-the good ones it compares with. A version whose checkpoint was pruned before it had enough
-turns counts in the comparison but cannot be gone back to. A version replaced before it had
-`min_turns` judged turns is skipped once a later one is ready; one that had them, but whose
-served tokens are not all measured yet, is judged on its turns. The reward check does not
-wait for those tokens either: the trainer measures them only when it trains on them (three
-or four versions later in a demo), so a version whose served reward fell is rolled back as
-soon as its turns show it, with the versions that went live since. Until its tokens are in,
-the same version's reward is compared again at every look (as its turns grow), which makes
-a needless rollback a little likelier than the single test's `z` says. After a restart the watch
+Each live version moves through explicit stages (`Stage`): waiting for its turns; its turns
+in (enough judged turns, its served tokens not all measured yet: the trainer measures them
+only when it trains on them, a few versions later); measured; and finally judged good,
+bad, or skipped. The reward check does not wait for the measurement: a version whose turns
+show a fall is rolled back as soon as they do. A version with its turns in is judged on
+them alone once a later version is measured, and one still waiting for its turns then is
+skipped (it was replaced before it served enough to judge). Until a version is measured,
+its reward is compared again at every look (as its turns grow), which makes a needless
+rollback a little likelier than the single test's `z` says. After a restart the watch
 starts again from the current version's ancestors whose checkpoints are still on disk.
 """
 
@@ -32,16 +32,37 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from liveloop.config.watch import WatchSettings
 from liveloop.quality import VersionQuality
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
+from liveloop.trainer.safeguards.decisions import Rollback
 
-MAX_PENDING = 32  # live versions awaiting their turns (when none is ever judged, the oldest go)
+MAX_PENDING = 32  # live versions awaiting a verdict (when none is ever judged, the oldest go)
 log = logging.getLogger(__name__)
 
-NOWHERE = -1  # a Rollback's target when no good version's checkpoint is left
 UNKNOWN_SD = 1.0  # counters written before the sum of squares was kept: assume a wide spread
+
+
+class Stage(StrEnum):
+    """Where a live version stands with the watch."""
+
+    WAITING = "waiting for turns"  # fewer than min_turns judged turns
+    TURNS_IN = "turns in"  # enough judged turns; its served tokens not measured yet
+    MEASURED = "measured"  # enough judged turns and measured tokens: ready to judge
+    GOOD = "judged good"
+    BAD = "judged bad"  # fell, but no good checkpoint was left to go back to
+    SKIPPED = "skipped"  # replaced before it served enough turns to judge
+
+
+@dataclass
+class Watched:
+    """A live version the watch follows, and its stage."""
+
+    version: int
+    stage: Stage = Stage.WAITING
+    quality: VersionQuality | None = None
 
 
 @dataclass(frozen=True)
@@ -74,27 +95,6 @@ def pooled(group: Iterable[Served]) -> tuple[float, float, int]:
     return mean, math.sqrt(max(squares - count * mean**2, 0.0) / max(count - 1, 1)), count
 
 
-@dataclass(frozen=True)
-class Rollback:
-    """Go back to `target`'s weights: `culprit` served worse, and so may its successors."""
-
-    target: int
-    culprit: int
-    abandoned: list[int]  # every live version not yet judged good, the culprit among them
-    reason: str
-
-    def reasons(self, new_version: int) -> dict[int, str]:
-        """What the registry says of each abandoned version, once `new_version` replaced it."""
-        rolled = f"rolled back to v{self.target} as v{new_version}"
-        return {v: self._why(v, rolled) for v in self.abandoned}
-
-    def _why(self, version: int, rolled: str) -> str:
-        if version == self.culprit:
-            return f"{self.reason}; {rolled}"
-        order = "after" if version > self.culprit else "before"
-        return f"went live {order} v{self.culprit}, {rolled} with it"
-
-
 class ServedWatch:
     """Compares each live version's served reward with the recent good versions' together."""
 
@@ -111,7 +111,7 @@ class ServedWatch:
         # The reference-NLL bound: only where served drift is measured and means something.
         self.max_nll_ratio = cfg.max_nll_ratio if drift else None
         self.version0_nll: float | None = None
-        self.pending: list[int] = list(lineage)  # live versions not checked yet, oldest first
+        self.live: list[Watched] = [Watched(v) for v in lineage]  # awaiting a verdict, oldest first
         self.good: deque[Served] = deque(maxlen=cfg.lookback)
         self.rollbacks = 0
 
@@ -130,9 +130,18 @@ class ServedWatch:
             parent = store.load_state(parent).parent if parent else None
         return cls(cfg, reversed(chain), loadable, drift=drift)
 
+    @property
+    def pending(self) -> list[int]:
+        """Live versions awaiting a verdict, oldest first."""
+        return [w.version for w in self.live]
+
+    def stages(self) -> dict[int, Stage]:
+        """The stage of every version awaiting a verdict."""
+        return {w.version: w.stage for w in self.live}
+
     def went_live(self, version: int) -> None:
         """A new version is being served (accepted by the gate, or there is no gate)."""
-        self.pending = [*self.pending, version][-MAX_PENDING:]
+        self.live = [*self.live, Watched(version)][-MAX_PENDING:]
 
     def keep(self) -> frozenset[int]:
         """Checkpoints to keep on disk: the good versions, to go back to, and the next few to
@@ -146,53 +155,75 @@ class ServedWatch:
         """The versions whose served counters `check` needs: the pending ones, and 0."""
         return sorted({0, *self.pending})
 
+    def rolled_back(self, new_version: int) -> None:
+        """The target's weights are live again as `new_version`; forget the abandoned ones."""
+        self.live = [Watched(new_version)]
+        self.rollbacks += 1
+
     def check(self, served: dict[int, VersionQuality]) -> Rollback | None:
-        """Check the pending versions, oldest first, as far as their turns allow."""
+        """Update every live version's stage from its counters, then judge them, oldest
+        first, as far as their stages allow; a Rollback when one fell."""
         base = served.get(0)
         if base is not None and self._measured(base):
             self.version0_nll = base.ref_nll
-        while self.pending:
-            version = self.pending[0]
-            quality = served.get(version)
-            if not self._settled(quality):
-                if not any(self._settled(served.get(v)) for v in self.pending[1:]):
-                    return self._fell_early(served)
-                if quality is None or not self._enough_turns(quality):
-                    log.info("watch: v%d skipped, a later version is ready first: %s",
-                             version, _short(quality))  # fmt: skip
-                    self.pending.pop(0)  # replaced before it served enough turns to judge
-                    continue
-                # Enough turns, not all its tokens measured yet: judged on what it has.
-            assert quality is not None
-            candidate = Served.of(quality)
-            rollback = self._compare(candidate) or self._drifted(quality)
-            if rollback is not None and rollback.target != NOWHERE:
-                return rollback
-            if rollback is None:
-                log.info("watch: v%d good: %s", version, _short(quality))
-                self.good.append(candidate)
-            else:  # it fell, and no good version's checkpoint is left to go back to
-                log.warning("cannot roll back (no good checkpoint left): %s", rollback.reason)
-            self.pending.pop(0)
-        return None
-
-    def _fell_early(self, served: dict[int, VersionQuality]) -> Rollback | None:
-        """A rollback for a pending version whose served reward already fell, before its
-        tokens are measured (the trainer measures them only when it trains on them, a few
-        versions later): a reward check need not wait for the NLL check."""
-        for version in self.pending:
-            quality = served.get(version)
-            if quality is None or not self._enough_turns(quality):
+        for watched in self.live:
+            watched.quality = served.get(watched.version)
+            watched.stage = self._stage(watched.quality)
+        while self.live:
+            watched = self.live[0]
+            later_ready = any(w.stage is Stage.MEASURED for w in self.live[1:])
+            if watched.stage is Stage.WAITING and later_ready:
+                self._settle(Stage.SKIPPED)
                 continue
-            rollback = self._compare(Served.of(quality))
-            if rollback is not None and rollback.target != NOWHERE:
+            if watched.stage is Stage.WAITING or (
+                watched.stage is Stage.TURNS_IN and not later_ready
+            ):
+                return self._fell_early()  # wait for more turns or tokens
+            rollback = self._judge(watched)
+            if rollback is not None:
                 return rollback
         return None
 
-    def rolled_back(self, new_version: int) -> None:
-        """The target's weights are live again as `new_version`; forget the abandoned ones."""
-        self.pending = [new_version]
-        self.rollbacks += 1
+    def _stage(self, quality: VersionQuality | None) -> Stage:
+        if quality is None or quality.mean_reward is None or quality.judged < self.cfg.min_turns:
+            return Stage.WAITING
+        bound = self.max_nll_ratio is not None and quality.version != 0
+        return Stage.TURNS_IN if bound and not self._measured(quality) else Stage.MEASURED
+
+    def _judge(self, watched: Watched) -> Rollback | None:
+        """The verdict on the oldest live version (its turns in, or measured)."""
+        assert watched.quality is not None
+        candidate = Served.of(watched.quality)
+        fell = self._compare(candidate) or self._drifted(watched.quality)
+        if fell is None:
+            log.info("watch: v%d good: %s", watched.version, _short(watched.quality))
+            self.good.append(candidate)
+            self._settle(Stage.GOOD)
+            return None
+        rollback = self._rollback(watched.version, fell)
+        if rollback is None:  # it fell, and no good version's checkpoint is left to go back to
+            log.warning("cannot roll back (no good checkpoint left): %s", fell)
+            self._settle(Stage.BAD)
+        return rollback
+
+    def _settle(self, stage: Stage) -> None:
+        """The oldest live version has its verdict; it leaves the list."""
+        watched = self.live.pop(0)
+        if stage is Stage.SKIPPED:
+            log.info("watch: v%d skipped, a later version is ready first: %s",
+                     watched.version, _short(watched.quality))  # fmt: skip
+
+    def _fell_early(self) -> Rollback | None:
+        """A rollback for a live version whose served reward already fell, before its
+        tokens are measured: a reward check need not wait for the NLL check."""
+        for watched in self.live:
+            if watched.stage is Stage.WAITING or watched.quality is None:
+                continue
+            fell = self._compare(Served.of(watched.quality))
+            rollback = self._rollback(watched.version, fell) if fell else None
+            if rollback is not None:
+                return rollback
+        return None
 
     def _measured(self, quality: VersionQuality) -> bool:
         """Its served replies' reference NLL is read over enough of them: `min_ref_tokens`
@@ -203,33 +234,21 @@ class ServedWatch:
         )
         return quality.ref_nll is not None and enough
 
-    def _enough_turns(self, quality: VersionQuality) -> bool:
-        return quality.mean_reward is not None and quality.judged >= self.cfg.min_turns
-
-    def _settled(self, quality: VersionQuality | None) -> bool:
-        """Enough judged turns (and, with the NLL bound, measured served tokens) to compare."""
-        return (
-            quality is not None
-            and self._enough_turns(quality)
-            and (self.max_nll_ratio is None or quality.version == 0 or self._measured(quality))
-        )
-
-    def _drifted(self, quality: VersionQuality) -> Rollback | None:
-        """A rollback if the version's served replies became unnatural to the reference
-        (measured over `min_ref_tokens` or `min_turns` replies: a few tokens say little)."""
+    def _drifted(self, quality: VersionQuality) -> str | None:
+        """Why the version's served replies became unnatural to the reference (measured
+        over `min_ref_tokens` or `min_turns` replies: a few tokens say little), or None."""
         bound, base, nll = self.max_nll_ratio, self.version0_nll, quality.ref_nll
         if bound is None or base is None or nll is None or not self._measured(quality):
             return None
         if nll <= bound * base:
             return None
-        reason = (
+        return (
             f"reference NLL of v{quality.version}'s served replies {nll:.3f} per token (over "
             f"{quality.ref_tokens} tokens) > {bound:g} x version 0's {base:.3f}"
         )
-        return Rollback(self._target(), quality.version, list(self.pending), reason)
 
-    def _compare(self, candidate: Served) -> Rollback | None:
-        """A rollback to the newest good version still on disk, if the candidate fell."""
+    def _compare(self, candidate: Served) -> str | None:
+        """Why the candidate's served reward fell below the good versions', or None."""
         if not self.good:
             return None
         mean, sd, count = pooled(self.good)
@@ -239,17 +258,18 @@ class ServedWatch:
         if gap <= self.cfg.reward_margin or z <= self.cfg.z:
             return None
         names = ", ".join(f"v{s.version}" for s in self.good)
-        reason = (
+        return (
             f"served reward {candidate.describe()} is below the last good versions' "
             f"({names}: {mean:+.3f} over {count} turns) by {gap:.3f} (> "
             f"{self.cfg.reward_margin:g}, and {z:.1f} > {self.cfg.z:g} standard errors)"
         )
-        return Rollback(self._target(), candidate.version, list(self.pending), reason)
 
-    def _target(self) -> int:
-        """The newest good version still on disk, or NOWHERE."""
+    def _rollback(self, culprit: int, reason: str) -> Rollback | None:
+        """To the newest good version still on disk (None: there is none)."""
         loadable = [s.version for s in self.good if self.loadable(s.version)]
-        return loadable[-1] if loadable else NOWHERE
+        if not loadable:
+            return None
+        return Rollback(loadable[-1], culprit, self.pending, reason)
 
 
 def _short(quality: VersionQuality | None) -> str:

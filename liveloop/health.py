@@ -41,7 +41,7 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-class LoopProbes:
+class LoopHealth:
     """Health, readiness and metrics of one loop process, served from a daemon thread."""
 
     def __init__(self, registry: CollectorRegistry, redis_url: str | None = None) -> None:
@@ -86,12 +86,12 @@ class LoopProbes:
             return _json(start_response, 200 if ready else 503, {"status": reason})
         return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
 
-    def start(self, port: int, host: str = "0.0.0.0") -> LoopProbes:
+    def start(self, port: int, host: str = "0.0.0.0") -> LoopHealth:
         """Listen on host:port in a daemon thread; OSError if the port is taken."""
         self._server = make_server(
             host, port, self.app, server_class=_ThreadingServer, handler_class=_QuietHandler
         )
-        threading.Thread(target=self._server.serve_forever, name="probes", daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, name="health", daemon=True).start()
         log.info("metrics and probes on http://%s:%d (/metrics, /healthz, /readyz)", host, port)
         return self
 

@@ -1,0 +1,119 @@
+"""Where the promotion gate's probes come from: served traffic (the production default), the
+operator's prompts, or a plugin found by name; and a gate whose probe set is drawn again."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import openai
+import pytest
+import redis.asyncio as aredis
+
+from liveloop.config import ConfigError, SharedSettings, load_settings
+from liveloop.config.gate import GateSettings
+from liveloop.demo.gate_probes import HeldOutUsers
+from liveloop.probe_sources import Probe, ProbeContext
+from liveloop.server.api.auth import tenant_id
+from liveloop.trainer.policy import load_policy
+from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
+from liveloop.trainer.safeguards.sources import (
+    OperatorPrompts,
+    ServedPrompts,
+    probe_source_class,
+)
+from tests.conftest import wait_for
+from tests.server_proc import API_KEYS, ServerProcess
+from tests.synthetic import make_turn, user, write_turns
+from tests.test_collector_support import settings_for, trainer_of
+
+pytest_plugins = ["tests.server_fixtures"]
+
+
+def test_sources_by_name_and_a_bad_one_stops_the_trainer(tmp_path: Path) -> None:
+    assert probe_source_class(GateSettings()) is ServedPrompts  # no prompts: served traffic
+    assert probe_source_class(GateSettings(prompts=["Hi?"])) is OperatorPrompts
+    assert probe_source_class(GateSettings(probe_source="served", prompts=["Hi?"])) is ServedPrompts
+    assert probe_source_class(GateSettings(probe_source="demo")) is HeldOutUsers  # entry point
+    settings = settings_for(
+        "redis://127.0.0.1:1", tmp_path, trainer={"gate": {"probe_source": "x"}}
+    )
+    with pytest.raises(ConfigError, match=r"probe_source: unknown source 'x'.*demo"):
+        trainer_of(settings)
+    unguarded = settings_for("redis://127.0.0.1:1", tmp_path, trainer={
+        "gate": {"probe_source": "x", "enabled": False}})  # fmt: skip
+    trainer_of(unguarded)  # no gate: its source is never looked up
+
+
+def _texts(probes: list[Probe]) -> set[str]:
+    return {p.question for p in probes}
+
+
+async def test_served_probes_are_recent_main_turns_of_the_tenant_and_no_opted_out_ones(
+    liveloop_server: ServerProcess, client: openai.OpenAI, other_client: openai.OpenAI
+) -> None:
+    """Through the real server: side turns, opted-out requests and another tenant's requests
+    are never drawn; the sample is fixed by the seed."""
+    mark = uuid.uuid4().hex[:8]
+
+    def ask(api: openai.OpenAI, text: str, **headers: str) -> None:
+        api.chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": text}], max_tokens=2,
+            extra_headers=headers,
+        )  # fmt: skip
+
+    mains = [f"{mark} main {i}" for i in range(3)]
+    for text in mains:
+        ask(client, text)
+    ask(client, f"{mark} side", **{"X-Turn-Type": "side"})
+    ask(client, f"{mark} opted out", **{"X-LiveLoop-Train": "false"})
+    ask(other_client, f"{mark} other tenant")
+    redis_url = liveloop_server.redis_url
+    async with aredis.Redis.from_url(redis_url) as redis:
+
+        async def recorded() -> set[str]:
+            wide = ServedPrompts(_context(redis, served_probes=10_000))
+            return {t for t in _texts(await wide.draw()) if t.startswith(mark)}
+
+        found: set[str] = set()
+
+        async def all_in() -> bool:
+            found.update(await recorded())
+            return {*mains, f"{mark} other tenant"} <= found
+
+        await wait_for(all_in, timeout_s=30, interval_s=0.2, what="the turns recorded")
+        assert f"{mark} side" not in found and f"{mark} opted out" not in found
+        tenant = tenant_id(API_KEYS[0])
+        mine = ServedPrompts(_context(redis, served_probes=10_000, tenant=tenant))
+        drawn = {t for t in _texts(await mine.draw()) if t.startswith(mark)}
+        assert drawn == set(mains)  # not the other tenant's
+        few = ServedPrompts(_context(redis, served_probes=2, tenant=tenant))
+        first, again = await few.draw(), await few.draw()
+        assert len(first) == 2 and first == again  # a fixed, seeded sample
+
+
+def _context(redis: aredis.Redis, tenant: str | None = None, **gate: int) -> ProbeContext:
+    return ProbeContext(GateSettings(**gate), SharedSettings(model="tiny-random"), redis, tenant)
+
+
+async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_rebaselines(
+    aredis_client: aredis.Redis,
+) -> None:
+    settings = load_settings(model="tiny-random", trainer={"gate": {"refresh_versions": 2}})
+    cfg, shared = settings.trainer.gate, settings.shared()
+    source = ServedPrompts(ProbeContext(cfg, shared, aredis_client))
+    gate = PromotionGate("tiny-random", cfg, build_panel(settings.prm, shared), source)
+    policy = load_policy("tiny-random", "cpu", settings.trainer.lora, with_reference=True)
+    await gate.start(policy, 0)
+    assert gate.probes == [] and gate.version0 is not None and gate.version0.probes == 0
+    verdict = gate.decide(await gate.probe(policy, 1))
+    assert verdict.accepted and verdict.reason is not None and "no probes" in verdict.reason
+
+    turns = [make_turn(f"s{i}", 0, [user(f"Tell me about thing {i}.")], "ok") for i in range(5)]
+    await write_turns(aredis_client, turns)
+    await gate.refresh(policy, 1)  # one version since the draw: not yet
+    assert gate.probes == []
+    await gate.refresh(policy, 2)
+    assert len(gate.probes) == 5 and gate.drawn_at == 2
+    assert gate.version0.probes == 5 and gate.serving is not None and gate.serving.version == 2
+    assert gate.decide(await gate.probe(policy, 3)).probe.probes == 5

@@ -1,0 +1,93 @@
+"""Where the promotion gate's probes come from: the operator, the served traffic, or a plugin.
+
+A probe source draws the probe set the gate answers with each candidate's weights. The gate
+compares a candidate only with versions probed on the same set, so when a source draws a new
+set (every `trainer.gate.refresh_versions` versions, for sources that refresh), the gate
+probes version 0 and the serving version on it again first.
+
+Built in, by `trainer.gate.probe_source`:
+- `prompts`: the operator's `trainer.gate.prompts`, one user message each;
+- `served`: a seeded sample of recent main turns from `liveloop:turns`, their requests as
+  they were served (side turns are never drawn, opted-out requests were never recorded,
+  and with `tenant` set, no other tenant's turn);
+- `auto` (the default): `prompts` when there are any, else `served`.
+Any other name is looked up in the `liveloop.probe_sources` entry-point group (the demo
+registers `demo`, its held-out simulated users, there) and checked when the trainer starts.
+The contract (`Probe`, `ProbeSource`, `ProbeContext`) is `liveloop.probe_sources`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from importlib.metadata import entry_points
+
+from liveloop import bus
+from liveloop.config import ConfigError
+from liveloop.config.gate import GateSettings
+from liveloop.contracts import TurnRecord
+from liveloop.probe_sources import Probe, ProbeSource
+
+log = logging.getLogger(__name__)
+
+GROUP = "liveloop.probe_sources"
+
+
+class OperatorPrompts(ProbeSource):
+    """The operator's prompts (`trainer.gate.prompts`), one user message each."""
+
+    name = "prompts"
+
+    async def draw(self) -> list[Probe]:
+        """The configured prompts, as they are."""
+        return [Probe.asking(text) for text in self.context.gate.prompts]
+
+
+class ServedPrompts(ProbeSource):
+    """A fixed, seeded sample of the requests most recently served (main turns only)."""
+
+    name = "served"
+    refreshes = True
+
+    async def draw(self) -> list[Probe]:
+        """Up to `served_probes` distinct recent requests, sampled with the gate's seed."""
+        client = self.context.redis
+        if client is None:
+            raise RuntimeError("the served probe source needs the stream bus")
+        gate = self.context.gate
+        entries = await client.xrevrange(bus.stream_key(bus.TURNS), count=gate.served_scan)
+        seen: dict[str, Probe] = {}
+        for turn in bus.decode_entries(entries or [], TurnRecord):
+            if not self._eligible(turn):
+                continue
+            key = repr((turn.messages, turn.tools))
+            seen.setdefault(key, Probe(list(turn.messages), turn.tools))
+        candidates = list(seen.values())
+        count = min(gate.served_probes, len(candidates))
+        drawn = random.Random(gate.seed).sample(candidates, count)
+        log.info("gate probes: %d served requests drawn from %d", len(drawn), len(candidates))
+        return drawn
+
+    def _eligible(self, turn: TurnRecord) -> bool:
+        tenant = self.context.tenant
+        return turn.turn_type == "main" and (tenant is None or turn.tenant == tenant)
+
+
+BUILTIN: dict[str, type[ProbeSource]] = {"prompts": OperatorPrompts, "served": ServedPrompts}
+
+
+def probe_source_class(gate: GateSettings) -> type[ProbeSource]:
+    """The class `trainer.gate.probe_source` names (ConfigError for an unknown one)."""
+    name = gate.probe_source
+    if name == "auto":
+        name = "prompts" if gate.prompts else "served"
+    if name in BUILTIN:
+        return BUILTIN[name]
+    found = {ep.name: ep for ep in entry_points(group=GROUP)}
+    if name not in found:
+        known = ", ".join(sorted({"auto", *BUILTIN, *found}))
+        raise ConfigError(f"trainer.gate.probe_source: unknown source {name!r} (known: {known})")
+    loaded = found[name].load()
+    if not (isinstance(loaded, type) and issubclass(loaded, ProbeSource)):
+        raise ConfigError(f"trainer.gate.probe_source: {name!r} is not a ProbeSource")
+    return loaded
