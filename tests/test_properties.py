@@ -153,6 +153,24 @@ def test_echoed_messages_match_and_changed_ones_do_not(
     assert canonical_message(changed[i]) != canonical_message(messages[i])
 
 
+def _call_message(arguments: str, content: str | None = None) -> dict[str, Any]:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {"role": "assistant", "content": content, "tool_calls": [call]}
+
+
+@FAST
+@given(args=ARGS, indent=st.sampled_from([None, 1, 4]))
+def test_a_call_echoed_with_re_serialized_arguments_is_the_same_message(
+    args: dict[str, Any], indent: int | None
+) -> None:
+    # the model's own layout (pretty-printed JSON) against a client's json.dumps of its dict
+    served = _call_message(json.dumps(args, indent=indent))
+    echoed = _call_message(json.dumps(args, ensure_ascii=False), content="")
+    assert chain_hashes([served]) == chain_hashes([echoed])
+    other = _call_message(json.dumps({**args, "extra": 1}))
+    assert chain_hashes([other]) != chain_hashes([served])
+
+
 USER_OR_TOOL = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "tool"]), "content": st.text(max_size=12)}
 )

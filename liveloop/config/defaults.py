@@ -31,6 +31,13 @@ BUILTIN: dict[str, ModelDefaults] = {
     "tiny-random": ModelDefaults(0.001, None, 16, (6, 8, 10), has_language=False),
     # SmolLM2 starts at ~37 words in 48 tokens.
     "smollm2-135m": ModelDefaults(0.1, 1.0, 48, (20, 25, 30), has_language=True),
+    # Qwen2.5-Coder instruct models: real language to protect, so smollm2's anchor and gate
+    # bound. Asked the demo's topic questions (greedy, 16 topics), both said ~41 words in
+    # the first 48 tokens and ended on their own after 60-95+ tokens: smollm2's budget and
+    # word limits give them the same room to learn brevity, and a longer budget costs
+    # decode time on models 4-11 times smollm2's size.
+    "qwen2.5-coder-0.5b": ModelDefaults(0.1, 1.0, 48, (20, 25, 30), has_language=True),
+    "qwen2.5-coder-1.5b": ModelDefaults(0.1, 1.0, 48, (20, 25, 30), has_language=True),
 }
 FALLBACK = ModelDefaults(0.1, 1.0, 64, (20, 25, 30), has_language=True)
 

@@ -2,36 +2,64 @@
 
 A call is a `<tool_call>...</tool_call>` block holding a JSON object with a string `name` and
 an object `arguments` (a closing tag may be missing at the very end of the text). A block that
-does not hold such an object is ordinary content. Content is the text outside the calls, with
-the whitespace that touches a call removed and pieces separated by calls joined by a newline;
-text without any call is returned exactly. The streaming parser reaches the same result for any
-split of the text into deltas: it holds back what may still turn into a call (a partial opening
-tag, whitespace in front of one, an open block) until that is decided.
+does not hold such an object is ordinary content.
+
+When the request offered tools, two more forms count, because instruct models write them
+although their chat template asks for tags (Qwen2.5-Coder-0.5B, offered tools, wrote no
+tags at all: about half its calls fenced, half bare; `bench/tool_forms.py`):
+- a fenced block (a line opening with three backticks and `json` or no language) holding
+  one or more call objects (separated by whitespace or commas), or an array of them; the
+  closing fence may be missing at the end;
+- a bare JSON object (or array of objects) that starts a line; a comma right after it
+  (separating it from the next call) belongs to it.
+Such JSON is a call only when it names an offered function with valid arguments (see
+`call_json`); anything else stays content, exactly as written. A reply the model ended
+(not one cut short) inside such JSON, lacking only closing brackets, is read with them
+added: the model meant the call. Other fenced code blocks are content, fences and all.
+
+Content is the text outside the calls, with the whitespace that touches a call removed and
+pieces separated by calls joined by a newline; text without any call is returned exactly.
+The streaming parser holds back what may still turn into a call (a partial opening tag or
+fence, an open block, fence or JSON object that starts a line) until that is decided, and
+reaches the same result for any split of the text into deltas: `parse_tool_calls` is the
+streaming parser fed the whole text at once.
 
 Text cut short (by `max_tokens`, or aborted) may end inside a call that was never finished:
-an unclosed block that does not hold a valid call, or the first characters of an opening tag
-(`<tool`). That unfinished tail is markup, not content, and both parsers drop it when told
-the text was truncated; a complete call before it is still returned.
+an unclosed block that does not hold a valid call, the first characters of an opening tag
+(`<tool`) or fence, or an unclosed fence or JSON object that begins like a call of an
+offered function. That unfinished tail is markup, not content, and both parsers drop it
+when told the text was truncated; a complete call before it is still returned.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
+from liveloop.server.tools.call_json import (
+    ParsedCall,
+    closed_json,
+    could_begin_call,
+    json_value_end,
+    parse_call_body,
+    parse_offered_calls,
+    skip_ws,
+)
 from liveloop.server.tools.format import CLOSE_TAG, OPEN_TAG
+from liveloop.server.tools.spec import ToolSpec
 
-JSON_WHITESPACE = " \t\n\r"
+FENCE = "```"
+FENCE_LANGUAGES = ("", "json")
+FENCE_HEADER = re.compile(r"[ \t]*([A-Za-z_]*)[ \t]*")
+JSON_OPENERS = "{["
+LINE_SPACE = " \t"
 
-
-@dataclass(frozen=True)
-class ParsedCall:
-    """A call's function name and its arguments as JSON text (as the model wrote it)."""
-
-    name: str
-    arguments: str
+# One decision about the start of the undecided text: its first `size` characters are
+# content ("text"), a code fence that opens or closes a code block ("fence", content too),
+# a call's markup ("calls"), or an unfinished call cut short ("drop").
+Step = tuple[Literal["text", "fence", "calls", "drop"], int, list[ParsedCall]]
 
 
 def new_call_id() -> str:
@@ -48,119 +76,40 @@ def call_dict(call: ParsedCall, call_id: str) -> dict[str, Any]:
     }
 
 
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in JSON_WHITESPACE:
-        i += 1
-    return i
-
-
-def _raw_members(text: str) -> dict[str, tuple[Any, str]] | None:
-    """Members of a JSON object text as key -> (value, raw value text); None if not an object."""
-    decoder = json.JSONDecoder()
-    try:
-        value, end = decoder.raw_decode(text)
-    except ValueError:
-        return None
-    if end != len(text) or not isinstance(value, dict):
-        return None
-    members: dict[str, tuple[Any, str]] = {}
-    i = _skip_ws(text, 1)
-    while text[i] != "}":  # the text parsed as an object, so this walk cannot go wrong
-        key, i = decoder.raw_decode(text, i)
-        i = _skip_ws(text, _skip_ws(text, i) + 1)  # past ':'
-        start = i
-        member, i = decoder.raw_decode(text, i)
-        members[key] = (member, text[start:i])
-        i = _skip_ws(text, i)
-        if text[i] == ",":
-            i = _skip_ws(text, i + 1)
-    return members
-
-
-def parse_call_body(body: str) -> ParsedCall | None:
-    """The call held by the text between the tags, or None when it is not a valid call."""
-    members = _raw_members(body.strip(JSON_WHITESPACE))
-    if members is None or "name" not in members:
-        return None
-    name = members["name"][0]
-    if not isinstance(name, str) or not name:
-        return None
-    if "arguments" not in members:
-        return ParsedCall(name, "{}")
-    arguments, raw = members["arguments"]
-    if isinstance(arguments, str):  # arguments given as a JSON string holding the object
-        inner = _raw_members(arguments.strip(JSON_WHITESPACE))
-        return ParsedCall(name, arguments.strip(JSON_WHITESPACE)) if inner is not None else None
-    if not isinstance(arguments, dict):
-        return None
-    return ParsedCall(name, raw)
-
-
-def split_tool_calls(text: str, truncated: bool = False) -> list[str | ParsedCall]:
-    """The text as alternating content pieces (merged, untrimmed) and valid calls.
-
-    With `truncated`, an unfinished call at the end (see the module docstring) is dropped.
-    """
-    parts: list[str | ParsedCall] = []
-    pending = ""
-    pos = 0
-    while True:
-        start = text.find(OPEN_TAG, pos)
-        if start < 0:
-            rest = text[pos:]
-            pending += rest[: len(rest) - _partial_tag_length(rest)] if truncated else rest
-            break
-        close = text.find(CLOSE_TAG, start + len(OPEN_TAG))
-        end = len(text) if close < 0 else close + len(CLOSE_TAG)
-        call = parse_call_body(text[start + len(OPEN_TAG) : len(text) if close < 0 else close])
-        if call is None and close < 0 and truncated:
-            pending += text[pos:start]
-        elif call is None:
-            pending += text[pos:end]
-        else:
-            parts += [pending + text[pos:start], call]
-            pending = ""
-        pos = end
-    parts.append(pending)
-    return parts
-
-
-def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(
+    text: str, truncated: bool = False, tools: Sequence[ToolSpec] | None = None
+) -> tuple[str | None, list[dict[str, Any]]]:
     """Content and OpenAI `tool_calls` entries found in a model's output.
 
     Content is None when the text holds calls and nothing else but whitespace. `truncated`:
     the text was cut short, so an unfinished call at its end is dropped, not content.
+    `tools`: the functions the request offered (enables the fenced and bare JSON forms).
     """
-    parts = split_tool_calls(text, truncated)
-    calls = [part for part in parts if isinstance(part, ParsedCall)]
-    if not calls:
-        return "".join(p for p in parts if isinstance(p, str)), []
-    pieces: list[str] = []
-    for i, part in enumerate(parts):
-        if isinstance(part, ParsedCall):
-            continue
-        if i > 0:
-            part = part.lstrip()
-        if i < len(parts) - 1:
-            part = part.rstrip()
-        if part:
-            pieces.append(part)
-    content = "\n".join(pieces) or None
-    return content, [call_dict(call, new_call_id()) for call in calls]
+    parser = StreamingToolCallParser(tools)
+    deltas = parser.feed(text) + parser.finish(truncated)
+    content = "".join(d.get("content", "") for d in deltas)
+    calls = [
+        {key: value for key, value in call.items() if key != "index"}
+        for delta in deltas
+        for call in delta.get("tool_calls", [])
+    ]
+    return (content or None) if calls else content, calls
 
 
 class StreamingToolCallParser:
     """Turns streamed model text into OpenAI chat-completion-chunk deltas.
 
     Plain text comes out as `{"content": ...}` as soon as it cannot be part of a call; each
-    call comes out whole, as one `{"tool_calls": [...]}` delta, once its closing tag arrives
-    (or at `finish()` when the text ends inside a valid block). Fed the same text in any
-    pieces, it yields the content and calls that `parse_tool_calls` finds.
+    call comes out whole, as one `{"tool_calls": [...]}` delta, once its end arrives (or at
+    `finish()` when the text ends inside a valid call). Fed the same text in any pieces, it
+    yields the same content and calls.
     """
 
-    def __init__(self) -> None:
-        self._pending = ""  # undecided text: a partial opening tag, or an open block's body
-        self._in_block = False
+    def __init__(self, tools: Sequence[ToolSpec] | None = None) -> None:
+        self._offered = {tool.name: tool for tool in tools or ()}
+        self._pending = ""  # undecided text
+        self._line_start = True  # the text before `_pending` ends where a line starts
+        self._in_code = False  # `_pending` starts inside a fenced code block (not a call)
         self._held_ws = ""  # trailing whitespace of the current piece, dropped if a call follows
         self._piece_started = False
         self._after_call = False
@@ -176,25 +125,7 @@ class StreamingToolCallParser:
         """Deltas made certain by this piece of text (possibly none)."""
         self._pending += text_delta
         out: list[dict[str, Any]] = []
-        while True:
-            if self._in_block:
-                close = self._pending.find(CLOSE_TAG)
-                if close < 0:
-                    break
-                body = self._pending[:close]
-                self._pending = self._pending[close + len(CLOSE_TAG) :]
-                self._in_block = False
-                self._end_block(body, CLOSE_TAG, out)
-                continue
-            start = self._pending.find(OPEN_TAG)
-            if start < 0:
-                keep = _partial_tag_length(self._pending)
-                self._push_text(self._pending[: len(self._pending) - keep], out)
-                self._pending = self._pending[len(self._pending) - keep :]
-                break
-            self._push_text(self._pending[:start], out)
-            self._pending = self._pending[start + len(OPEN_TAG) :]
-            self._in_block = True
+        self._drain(out, final=False, truncated=False)
         return _merge_content(out)
 
     def finish(self, truncated: bool = False) -> list[dict[str, Any]]:
@@ -203,26 +134,172 @@ class StreamingToolCallParser:
         `truncated`: the text was cut short; an unfinished call at its end is dropped.
         """
         out: list[dict[str, Any]] = []
-        if self._in_block:
-            self._in_block = False
-            if not truncated or parse_call_body(self._pending) is not None:
-                self._end_block(self._pending, "", out)
-        elif not truncated:
-            self._push_text(self._pending, out)
-        else:
-            keep = len(self._pending) - _partial_tag_length(self._pending)
-            self._push_text(self._pending[:keep], out)
-        self._pending = ""
+        self._drain(out, final=True, truncated=truncated)
         if self._held_ws:
             out.append({"content": self._held_ws})
             self._held_ws = ""
         return _merge_content(out)
 
-    def _end_block(self, body: str, close: str, out: list[dict[str, Any]]) -> None:
-        call = parse_call_body(body)
-        if call is None:
-            self._push_text(OPEN_TAG + body + close, out)
-            return
+    def _drain(self, out: list[dict[str, Any]], final: bool, truncated: bool) -> None:
+        while self._pending:
+            step = self._step(final, truncated)
+            if step is None:
+                return
+            kind, size, calls = step
+            text, self._pending = self._pending[:size], self._pending[size:]
+            if kind in ("text", "fence"):
+                self._push_text(text, out)
+                self._line_start = _ends_at_line_start(text, self._line_start)
+                if kind == "fence":
+                    self._in_code = not self._in_code
+            elif kind == "calls":
+                for call in calls:
+                    self._push_call(call, out)
+                self._line_start = True
+
+    # Decisions -------------------------------------------------------------------------
+
+    def _step(self, final: bool, truncated: bool) -> Step | None:
+        """What the start of the undecided text is, or None until more text arrives."""
+        text = self._pending
+        start = self._next_candidate(text)
+        if start is None:
+            keep = self._undecided_tail(text)
+            if keep == 0 or (final and not truncated):
+                return ("text", len(text), [])
+            if len(text) > keep:
+                return ("text", len(text) - keep, [])
+            return ("drop", keep, []) if final else None
+        if start > 0:
+            return ("text", start, [])
+        if text.startswith(OPEN_TAG):
+            return self._tag_step(text, final, truncated)
+        if text.startswith(FENCE):
+            return self._fence_step(text, final, truncated)
+        return self._json_step(text, final, truncated)
+
+    def _next_candidate(self, text: str) -> int | None:
+        """Where the first possible call starts: a tag, or a fence or JSON opening a line."""
+        tag = text.find(OPEN_TAG)
+        limit = len(text) if tag < 0 else tag
+        if self._offered:
+            line = 0 if self._line_start else _after_newline(text, 0)
+            while line is not None and line < limit:
+                first = line
+                while first < len(text) and text[first] in LINE_SPACE:
+                    first += 1
+                if first < limit and (
+                    text.startswith(FENCE, first)
+                    or (text[first] in JSON_OPENERS and not self._in_code)
+                ):
+                    return first
+                line = _after_newline(text, first)
+        return None if tag < 0 else tag
+
+    def _undecided_tail(self, text: str) -> int:
+        """Length of the end of `text` that may still begin a tag or a fence."""
+        keep = _partial_tag_length(text)
+        if not self._offered or self._in_code:  # a fence in a code block closes it: content
+            return keep
+        newline = text.rfind("\n")
+        if newline < 0 and not self._line_start:
+            return keep
+        last_line = text[newline + 1 :].lstrip(LINE_SPACE)
+        if last_line and FENCE.startswith(last_line):
+            keep = max(keep, len(last_line))
+        return keep
+
+    def _tag_step(self, text: str, final: bool, truncated: bool) -> Step | None:
+        close = text.find(CLOSE_TAG, len(OPEN_TAG))
+        if close < 0 and not final:
+            return None
+        end = len(text) if close < 0 else close + len(CLOSE_TAG)
+        call = parse_call_body(text[len(OPEN_TAG) : len(text) if close < 0 else close])
+        if call is not None:
+            return ("calls", end, [call])
+        return ("drop" if close < 0 and truncated else "text", end, [])
+
+    def _fence_step(self, text: str, final: bool, truncated: bool) -> Step | None:
+        """A fence opening a line: a call if it holds only calls, else its backticks are text
+        (that open a code block, or close the one open)."""
+        if self._in_code:
+            return ("fence", len(FENCE), [])
+        newline = text.find("\n")
+        header = FENCE_HEADER.fullmatch(text[len(FENCE) : len(text) if newline < 0 else newline])
+        language = header.group(1).lower() if header else None
+        if language is None or not any(
+            lang == language or (newline < 0 and lang.startswith(language))
+            for lang in FENCE_LANGUAGES
+        ):
+            return ("fence", len(FENCE), [])
+        if newline < 0:
+            if not final:
+                return None
+            return ("drop", len(text), []) if truncated else ("fence", len(FENCE), [])
+        calls: list[ParsedCall] = []
+        i = newline + 1
+        while True:
+            i = skip_ws(text, i)
+            if text.startswith(FENCE, i) and calls:
+                return ("calls", i + len(FENCE), calls)
+            rest = text[i:]
+            if not rest or (calls and FENCE.startswith(rest)):
+                if not final:
+                    return None
+                if calls:  # the closing fence is missing at the very end
+                    return ("calls", len(text), calls)
+                return ("drop", len(text), []) if truncated else ("fence", len(FENCE), [])
+            if rest[0] not in JSON_OPENERS:
+                return ("fence", len(FENCE), [])
+            end = json_value_end(text, i)
+            if end is None:
+                if not final:
+                    return None
+                if truncated and could_begin_call(rest, self._offered):  # the last call cut
+                    return ("calls", len(text), calls) if calls else ("drop", len(text), [])
+                found = None if truncated else self._unclosed_calls(rest.rstrip().rstrip("`"))
+                if found is not None:
+                    return ("calls", len(text), calls + found)
+                return ("fence", len(FENCE), [])
+            found = parse_offered_calls(text[i:end], self._offered)
+            if found is None:
+                return ("fence", len(FENCE), [])
+            calls += found
+            i = skip_ws(text, end)
+            if text.startswith(",", i):  # calls separated by commas
+                i += 1
+
+    def _json_step(self, text: str, final: bool, truncated: bool) -> Step | None:
+        """A JSON object or array opening a line: a call if it is one, else text."""
+        first = skip_ws(text, 1)
+        if first < len(text) and text[first] not in ('"}' if text[0] == "{" else "{]"):
+            return ("text", 1, [])
+        end = json_value_end(text, 0)
+        if end is None:
+            if not final:
+                return None
+            if truncated and could_begin_call(text, self._offered):
+                return ("drop", len(text), [])
+            calls = None if truncated else self._unclosed_calls(text)
+            return ("text", 1, []) if calls is None else ("calls", len(text), calls)
+        calls = parse_offered_calls(text[:end], self._offered)
+        if calls is None:
+            return ("text", end, [])
+        after = end
+        while after < len(text) and text[after] in LINE_SPACE:
+            after += 1
+        if after == len(text) and not final:
+            return None  # a comma may follow that separates this call from the next
+        return ("calls", after + 1 if text.startswith(",", after) else end, calls)
+
+    def _unclosed_calls(self, text: str) -> list[ParsedCall] | None:
+        """Calls in JSON the model ended without its last closing brackets, if it holds any."""
+        closed = closed_json(text)
+        return None if closed is None else parse_offered_calls(closed, self._offered)
+
+    # Output ----------------------------------------------------------------------------
+
+    def _push_call(self, call: ParsedCall, out: list[dict[str, Any]]) -> None:
         entry = {"index": self._calls, **call_dict(call, new_call_id())}
         out.append({"tool_calls": [entry]})
         self._calls += 1
@@ -244,6 +321,18 @@ class StreamingToolCallParser:
         out.append({"content": body})
         self._piece_started = True
         self._any_content = True
+
+
+def _after_newline(text: str, start: int) -> int | None:
+    """Index just past the first newline at or after `start`, None if there is none."""
+    newline = text.find("\n", start)
+    return None if newline < 0 else newline + 1
+
+
+def _ends_at_line_start(text: str, before: bool) -> bool:
+    """Whether a line starts after `text` (spaces and tabs aside), given whether one did before."""
+    body = text.rstrip(LINE_SPACE)
+    return before if not body else body.endswith("\n")
 
 
 def _partial_tag_length(text: str) -> int:

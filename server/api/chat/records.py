@@ -15,6 +15,7 @@ from liveloop.server.api.chat.sample import SampleState
 from liveloop.server.prompting import BuiltPrompt
 from liveloop.server.sessions import PreviousTurn, ServedSample, SessionTurn
 from liveloop.server.tools import parse_tool_calls
+from liveloop.server.tools.spec import ToolSpec
 
 
 @dataclass
@@ -43,6 +44,8 @@ class PreparedChat:
     headers: dict[str, str] = field(default_factory=dict)
     submitted: float = 0.0
     adapter: str | None = None  # the LoRA adapter it runs on (None: the base weights)
+    # The functions the request offered: JSON naming one of them counts as a call too.
+    offered_tools: list[ToolSpec] = field(default_factory=list)
 
     @property
     def turn(self) -> SessionTurn:
@@ -76,7 +79,9 @@ def reply_finish_reason(engine_reason: str | None, called_tool: bool) -> str:
     return "tool_calls" if called_tool and reason not in TRUNCATED else reason
 
 
-def finish_sample(sample: SampleState, parse_tools: bool) -> FinishedSample:
+def finish_sample(
+    sample: SampleState, parse_tools: bool, offered_tools: list[ToolSpec] | None = None
+) -> FinishedSample:
     """The assistant message (text, or tool calls parsed from it) and the finish reason.
 
     With tools, a reply cut short inside a call never shows that call's markup as content.
@@ -84,7 +89,7 @@ def finish_sample(sample: SampleState, parse_tools: bool) -> FinishedSample:
     text = sample.text
     reason = sample.finish_reason or "abort"
     if parse_tools:
-        content, calls = parse_tool_calls(text, truncated=reason in TRUNCATED)
+        content, calls = parse_tool_calls(text, reason in TRUNCATED, offered_tools)
         if calls:
             return FinishedSample(
                 {"role": "assistant", "content": content, "tool_calls": calls},

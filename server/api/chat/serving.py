@@ -121,6 +121,7 @@ class ChatService:
         previous = await self._previous(ctx, messages)
         prompt = self._build_prompt(messages, tools, previous)
         params = self._sampling_params(request, len(prompt.token_ids), grammar)
+        parse = bool(tools) and request.tool_choice != "none"
         return PreparedChat(
             request_id="chatcmpl-" + uuid.uuid4().hex,
             created=int(time.time()),
@@ -132,7 +133,8 @@ class ChatService:
             arrival=ctx.arrival,
             messages=messages,
             tools=tools,
-            parse_tools=bool(tools) and request.tool_choice != "none",
+            parse_tools=parse,
+            offered_tools=parse_tools(tools) if parse else [],
             prompt=prompt,
             params=params,
             previous=previous,
@@ -334,7 +336,7 @@ class ChatService:
                 await close_iterator(it)
             for s in samples:
                 s.abort()
-        finished = [finish_sample(s, prep.parse_tools) for s in samples]
+        finished = [finish_sample(s, prep.parse_tools, prep.offered_tools) for s in samples]
         await self.finalize(prep, samples, finished)
         return self._body(prep, samples, finished)
 

@@ -78,7 +78,8 @@ class ChatStream:
         self.prep = prep
         self.samples, self.iterators = service.start(prep)
         self.parsers = [
-            StreamingToolCallParser() if prep.parse_tools else None for _ in self.samples
+            StreamingToolCallParser(prep.offered_tools) if prep.parse_tools else None
+            for _ in self.samples
         ]
         self.called_tool = [False for _ in self.samples]
         self._head = (
@@ -205,7 +206,7 @@ class ChatStream:
             sample.abort()
         finished = []
         for sample in self.samples:
-            done = finish_sample(sample, self.prep.parse_tools)
+            done = finish_sample(sample, self.prep.parse_tools, self.prep.offered_tools)
             done.finish_reason = reply_finish_reason(
                 sample.finish_reason,
                 self.called_tool[sample.index] or done.finish_reason == "tool_calls",
