@@ -228,8 +228,14 @@ def _run_up(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 
 def _run_demo(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.demo.run import run_demo
+    from liveloop.prm.sense import sense_check_factory
 
-    run_demo(settings, config_files=config_files(args, settings.model), quiet=args.quiet)
+    run_demo(
+        settings,
+        config_files=config_files(args, settings.model),
+        quiet=args.quiet,
+        sense=sense_check_factory(settings.trainer.gate.sense),
+    )
 
 
 def _run_eval(settings: LiveLoopSettings, args: argparse.Namespace) -> None:

@@ -11,13 +11,15 @@ from liveloop.config import ConfigError, load_settings, presets
 
 
 def test_every_preset_is_a_settings_file_up_can_read() -> None:
-    assert presets.available() == ["smollm2-135m", "tiny-random"]
+    assert presets.available() == ["qwen2.5-coder-0.5b", "smollm2-135m", "tiny-random"]
     for name in presets.available():
         settings = load_settings(presets.preset_path(name))  # what `up --config` does
         assert settings.model == name and settings.trainer.gate.probe_source == "demo"
     smollm2 = load_settings(presets.preset_path("smollm2-135m"))
     assert smollm2.trainer.lora.enabled and smollm2.trainer.lora.rank == 16
     assert smollm2.demo.turns_per_update == 24 and smollm2.demo.objectives == ["rl"]
+    qwen = load_settings(presets.preset_path("qwen2.5-coder-0.5b"))
+    assert qwen.trainer.lora.enabled and qwen.demo.sense_model is None  # the judge: opt-in
 
 
 def test_the_demo_reads_its_preset_under_your_file_and_flags(tmp_path: Path) -> None:

@@ -27,6 +27,17 @@ class DemoConfig(Section):
         description="Training objectives to run, one after the other, each for `minutes` with "
         "the same users; the report compares their reward curves when there are several.",
     )
+    sense_model: str | None = Field(
+        None,
+        description="A judge model (alias or path) the demo serves in a process of its own "
+        "and asks whether each held-out reply of version 0 and of the final version answers "
+        "its question sensibly; the report shows both rates. Unset = no sense judge.",
+    )
+    sense_gate: bool = Field(
+        False,
+        description="With sense_model: the promotion gate asks the same judge about its probe "
+        "replies and refuses a version that loses sense (trainer.gate.max_sense_drop).",
+    )
     reward_threshold: float = Field(
         0.5,
         ge=-1,

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from liveloop.config.base import Section
+from liveloop.config.sense import SenseJudgeSettings
 
 
 class GateSettings(Section):
@@ -91,6 +92,19 @@ class GateSettings(Section):
         description="Refuse a version whose share of probe replies that are no answer at all "
         "(nonsense or word salad, symbols, markup, repeats) exceeds version 0's by more than "
         "this (models with language only); unset = no bound.",
+    )
+    sense: SenseJudgeSettings = Field(
+        default_factory=SenseJudgeSettings,
+        description="A judge model asked whether each probe reply answers its question "
+        "sensibly (off until its base_url is set); each probed version then costs one judge "
+        "request per probe.",
+    )
+    max_sense_drop: float | None = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="With the sense judge on: refuse a version whose share of sensible probe "
+        "replies is below version 0's by more than this; unset = measured, not bounded.",
     )
     max_kl: float | None = Field(
         None,

@@ -114,6 +114,19 @@ def _headline(summary: dict[str, Any]) -> list[str]:
         f"- held-out replies that are no answer (nonsense or word salad, repeats, symbols): "
         f"version 0 {_fmt(non_answers.get('version 0'), True)}, final "
         f"{_fmt(non_answers.get('final'), True)} ({_mark(checks.get('non_answers'))})",
+        *_sense_line(h, checks),
+    ]
+
+
+def _sense_line(h: dict[str, Any], checks: dict[str, Any]) -> list[str]:
+    """The sense judge's reading of the held-out replies, when it ran."""
+    if "sense" not in checks:
+        return []
+    sense = h.get("sense_rate") or {}
+    return [
+        f"- held-out replies the sense judge read as sensible answers: version 0 "
+        f"{_fmt(sense.get('version 0'), True)}, final {_fmt(sense.get('final'), True)} "
+        f"({_mark(checks.get('sense'))})"
     ]
 
 
@@ -121,8 +134,9 @@ def _per_version(summary: dict[str, Any]) -> list[str]:
     platform = summary.get("platform") or {}
     lines = [
         "| version | status | judged | reward | topic | symbols | non-answers | words "
-        "| ref NLL | KL ref | distinct-2 | unscored | probe reward | probe ref NLL |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ref NLL | KL ref | distinct-2 | unscored | probe reward | probe ref NLL "
+        "| probe sense |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     versions = sorted({int(v) for v in summary["per_version"]} | {int(v) for v in platform})
     for v in versions:
@@ -136,7 +150,8 @@ def _per_version(summary: dict[str, Any]) -> list[str]:
             f"| {_fmt(row.get('non_answer_share'), True)} | {_num(row.get('mean_words'), 1)} "
             f"| {_num(served.get('ref_nll'))} | {_num(served.get('kl_ref'), 3)} "
             f"| {_num(served.get('distinct_2'))} | {_fmt(served.get('unscored_share'), True)} "
-            f"| {_fmt(probe.get('reward'))} | {_num(probe.get('ref_nll'))} |"
+            f"| {_fmt(probe.get('reward'))} | {_num(probe.get('ref_nll'))} "
+            f"| {_fmt(probe.get('sense_rate'), True)} |"
         )
     return lines
 

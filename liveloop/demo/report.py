@@ -29,6 +29,7 @@ TOPIC_RATE_SLACK = 0.05
 MAX_NLL_RATIO = 1.25
 MAX_SYMBOL_SHARE = 0.02
 NON_ANSWER_SLACK = 0.05  # the final version may give this many more non-answers than version 0
+SENSE_SLACK = 0.1  # and this much smaller a share of replies the sense judge reads as sensible
 
 
 @dataclass
@@ -229,6 +230,7 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
             "final": final.get("non_answer_share"),
         },
         "ref_nll": {"version 0": v0_probe.get("ref_nll"), "final": final_probe.get("ref_nll")},
+        "sense_rate": {"version 0": base.get("sense_rate"), "final": final.get("sense_rate")},
         "final_probed_version": final_version,
     }
     checks: dict[str, bool | None] = {
@@ -245,6 +247,8 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         checks["non_answers"] = (
             final["non_answer_share"] <= base["non_answer_share"] + NON_ANSWER_SLACK
         )
+    if base.get("sense_rate") is not None and final.get("sense_rate") is not None:
+        checks["sense"] = final["sense_rate"] >= base["sense_rate"] - SENSE_SLACK
     out["quality_kept"] = checks
     return out
 

@@ -39,7 +39,9 @@ from liveloop.demo.report import (
     training_figures,
     write_report,
 )
+from liveloop.demo.sense_judge import gate_env, rate_held_out, sense_judge_server
 from liveloop.demo.users import UserRun, UserStats, run_population
+from liveloop.sense import SenseCheckFactory
 from liveloop.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -70,15 +72,22 @@ def demo_objectives(settings: LiveLoopSettings) -> list[str]:
 
 
 def run_demo(
-    settings: LiveLoopSettings, *, config_files: list[Path] | None = None, quiet: bool = False
+    settings: LiveLoopSettings,
+    *,
+    config_files: list[Path] | None = None,
+    quiet: bool = False,
+    sense: SenseCheckFactory | None = None,
 ) -> None:
-    """The whole demo, one run per objective; prints where the report landed."""
+    """The whole demo, one run per objective; prints where the report landed. `sense`
+    builds the sense check of `demo.sense_model` (the CLI passes the LLM judge's)."""
     out_dir = settings.data_dir / "demo"
     runs = []
     for i, objective in enumerate(demo_objectives(settings)):
         run_dir = out_dir / ("run" if i == 0 else f"run-{objective}")
         runs.append(
-            run_objective(settings, objective, run_dir, config_files=config_files, quiet=quiet)
+            run_objective(
+                settings, objective, run_dir, config_files=config_files, quiet=quiet, sense=sense
+            )
         )
     summary = runs[0].summary
     summary["objectives"] = {r.objective: objective_figures(r.summary) for r in runs}
@@ -120,25 +129,46 @@ def run_objective(
     extra_env: dict[str, str] | None = None,
     max_judged_turns: int | None = None,
     turns_per_update: int | None = None,
+    sense: SenseCheckFactory | None = None,
 ) -> ObjectiveRun:
     """The loops under one objective with simulated users, then the held-out comparison.
 
     Users talk for `demo.minutes`, or until `max_judged_turns` turns were judged. With
     `turns_per_update` (default: `demo.turns_per_update`; 0: free-running) they wait before each request
     while the judged turns outnumber the published versions by that many per version (see
-    `Pacer`).
+    `Pacer`). With `demo.sense_model`, its judge is served for the run (`sense_judge`).
     """
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with sense_judge_server(settings, run_dir) as sense_url:
+        env = gate_env(settings, sense_url) | (extra_env or {})
+        run = _run_loops(settings, objective, run_dir, config_files, quiet, env,
+                         max_judged_turns, turns_per_update)  # fmt: skip
+        if sense_url is not None and sense is not None:
+            rate_held_out(run.summary["eval"], sense_url, None, sense)
+    return run
+
+
+def _run_loops(
+    settings: LiveLoopSettings,
+    objective: str,
+    run_dir: Path,
+    config_files: list[Path] | None,
+    quiet: bool,
+    extra_env: dict[str, str],
+    max_judged_turns: int | None,
+    turns_per_update: int | None,
+) -> ObjectiveRun:
+    """The loops and the users of one run, then the held-out comparison (`run_objective`)."""
     from liveloop.models import resolve_model_dir
     from liveloop.status import LiveView
 
-    shutil.rmtree(run_dir, ignore_errors=True)
     child = settings.model_copy(update={"data_dir": run_dir, "db_url": None})
     base_model_dir = str(resolve_model_dir(settings.model))  # fetch/convert once, up front
     admin_key = secrets.token_urlsafe(16)
     if turns_per_update is None:
         turns_per_update = settings.demo.turns_per_update
     env = _child_env(settings, admin_key, turns_per_update)
-    env.update(extra_env or {})
+    env.update(extra_env)
     env["LIVELOOP_TRAINER__OBJECTIVE"] = objective
     supervisor = Supervisor(child, config_files=config_files, extra_env=env)
     defaults = model_defaults(settings.model)

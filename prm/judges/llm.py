@@ -240,7 +240,11 @@ class LLMJudge(JudgeBase):
 
     async def score(self, request: JudgeRequest) -> JudgeResult | None:
         """Ask for `votes` verdicts concurrently; the majority, and the longest hint."""
-        prompt = build_prompt(request, self.config.max_chars, self.system)
+        return await self.ask(build_prompt(request, self.config.max_chars, self.system))
+
+    async def ask(self, prompt: list[dict[str, str]]) -> JudgeResult:
+        """The votes on a judge conversation made elsewhere (its system message included):
+        the majority, and the longest hint. Raises JudgeError when no vote is valid."""
         outcomes = await asyncio.gather(*(self._vote(prompt, i) for i in range(self.config.votes)))
         valid = [o for o in outcomes if isinstance(o, tuple)]
         if not valid:

@@ -36,6 +36,7 @@ from liveloop.prm.judges.registry import load_judges
 from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
 from liveloop.probe_sources import Probe, ProbeSource
+from liveloop.sense import SenseCheck
 from liveloop.trainer.policy import Policy
 from liveloop.trainer.safeguards.probing import (
     ProbeResult,
@@ -82,12 +83,18 @@ class PromotionGate:
     """Probes a candidate's weights and decides whether it may replace the serving version."""
 
     def __init__(
-        self, model: str, cfg: GateSettings, panel: JudgePanel, source: ProbeSource
+        self,
+        model: str,
+        cfg: GateSettings,
+        panel: JudgePanel,
+        source: ProbeSource,
+        sense: SenseCheck | None = None,
     ) -> None:
         self.model = model
         self.cfg = cfg
         self.panel = panel
         self.source = source
+        self.sense = sense
         self.probes: list[Probe] = []
         self.drawn_at = 0  # the version the probe set was drawn at
         defaults = model_defaults(model)
@@ -136,6 +143,9 @@ class PromotionGate:
             self.panel, self.probes, sampled, version, self.model, self.cfg.seed
         )
         result = summarise(version, self.probes, replies, sampled.logprobs, reference)
+        if self.sense is not None:
+            report = await self.sense.rate([(r.question, r.reply) for r in replies])
+            result.sense_rate, result.sense_seconds = report.rate, report.seconds
         result.seconds = time.perf_counter() - started
         return result
 
@@ -210,6 +220,12 @@ class PromotionGate:
             reasons.append(
                 f"reference NLL {candidate.ref_nll:.3f} > {ratio:g} x version 0's "
                 f"{version0.ref_nll:.3f}"
+            )
+        drop, before, now = self.cfg.max_sense_drop, version0.sense_rate, candidate.sense_rate
+        if drop is not None and before is not None and now is not None and now < before - drop:
+            reasons.append(
+                f"the sense judge read {now:.0%} of replies as sensible answers, below version "
+                f"0's {before:.0%} by more than {drop:.0%}"
             )
         if not self.has_language:
             return reasons

@@ -22,6 +22,7 @@ import redis.asyncio as aredis
 
 from liveloop.config import JudgeConfig, SharedSettings, TrainerConfig
 from liveloop.config.defaults import model_defaults
+from liveloop.prm.sense import LLMSenseCheck
 from liveloop.probe_sources import ProbeContext
 from liveloop.quality import QualityStore
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
@@ -87,7 +88,9 @@ class Safeguards:
             return None
         source = self.probe_source(ProbeContext(self.cfg.gate, self.shared, redis))
         panel = build_panel(self.judging, self.shared)
-        self.gate = PromotionGate(self.shared.model, self.cfg.gate, panel, source)
+        sense = self.cfg.gate.sense
+        check = LLMSenseCheck.from_settings(sense) if sense.base_url else None
+        self.gate = PromotionGate(self.shared.model, self.cfg.gate, panel, source, check)
         await self.gate.start(policy, serving_version)
         return self.gate
 

@@ -61,6 +61,10 @@ class ProbeResult(BaseModel):
         description="Share of replies a reader could not read as an answer: nonsense (invented "
         "or rare words, word salad), symbols, markup or repeats (off-topic replies aside).",
     )
+    sense_rate: float | None = Field(
+        None, description="Share of replies the sense judge read as sensible answers."
+    )
+    sense_seconds: float = Field(0.0, description="Seconds the sense judge took.")
     seconds: float = 0.0
     examples: list[ProbeReply] = Field(default_factory=list)
 
