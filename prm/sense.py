@@ -21,11 +21,31 @@ from liveloop.prm.judges.llm import LLMJudge
 from liveloop.sense import SenseCheckFactory, SenseReport
 
 SENSE_PROMPT = (
-    "You check one reply of an AI assistant to a user's question. Say GOOD when the reply "
-    "is a sensible answer to that question: coherent sentences about what was asked (a "
-    "short answer is fine). Say BAD when it is not: nonsense or word salad, a title or a "
-    "slogan instead of an answer, a different subject, repeated phrases, or no answer. "
-    "Answer with a single word: GOOD or BAD."
+    "You check whether a reply of an AI assistant is a sensible answer to the user's "
+    "question. Replies may be cut off at a length limit; that is fine. GOOD: it talks "
+    "sensibly about what was asked. BAD: nonsense, word salad, a title instead of an answer, "
+    "or about something else. Answer GOOD or BAD."
+)
+# Worked examples asked before the real pair: without them a small judge model answers BAD
+# to nearly every reply; with them it separates answers from nonsense.
+EXAMPLES = (
+    (
+        "Describe rain.",
+        "Rain is water that falls from clouds when the droplets grow too heavy. It waters "
+        "plants and fills",
+        "GOOD",
+    ),
+    ("Tell me about owls.", "Owls: The Silent Kingdom of Endless Night", "BAD"),
+    (
+        "Why do people like trains?",
+        "People like trains because they are comfortable and you can look out of the window while",
+        "GOOD",
+    ),
+    (
+        "Tell me about clocks.",
+        "Clock the hills happy, tick is why mother of blue went dancing.",
+        "BAD",
+    ),
 )
 
 
@@ -33,14 +53,25 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
 
 
-def sense_prompt(question: str, reply: str, max_chars: int) -> list[dict[str, str]]:
-    """The judge conversation for one (question, reply) pair."""
-    body = (
-        f"## Question\n{_cut(question.strip(), max_chars)}\n\n"
-        f"## Reply\n{_cut(reply.strip(), max_chars) or '(empty)'}\n\n"
-        "Is the reply a sensible answer to the question? (GOOD or BAD):"
+def _asking(question: str, reply: str, max_chars: int) -> str:
+    return (
+        f"Question: {_cut(question.strip(), max_chars)}\n"
+        f"Reply: {_cut(reply.strip(), max_chars) or '(empty)'}\n"
+        "Is the reply a sensible answer to the question?"
     )
-    return [{"role": "system", "content": SENSE_PROMPT}, {"role": "user", "content": body}]
+
+
+def sense_prompt(question: str, reply: str, max_chars: int) -> list[dict[str, str]]:
+    """The judge conversation for one (question, reply) pair: the instructions, the worked
+    examples as earlier turns, then the pair."""
+    messages = [{"role": "system", "content": SENSE_PROMPT}]
+    for shown_question, shown_reply, verdict in EXAMPLES:
+        messages.append(
+            {"role": "user", "content": _asking(shown_question, shown_reply, max_chars)}
+        )
+        messages.append({"role": "assistant", "content": verdict})
+    messages.append({"role": "user", "content": _asking(question, reply, max_chars)})
+    return messages
 
 
 class LLMSenseCheck:

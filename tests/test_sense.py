@@ -7,6 +7,7 @@ server is a real `liveloop serve` process; the gate probes a real (tiny) policy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,16 @@ from liveloop.demo.report import headline
 from liveloop.demo.sense_judge import gate_env, rate_held_out, sense_judge_server
 from liveloop.prm.sense import SENSE_PROMPT, LLMSenseCheck, sense_check_factory
 from liveloop.trainer.policy import load_policy
-from tests.test_prm_llm import StandInJudgeEndpoint, endpoint  # noqa: F401 (fixture)
+from tests.test_prm_llm import StandInJudgeEndpoint
 from tests.test_quality_and_gate import gate_of
 
 BREAD = "Tell me about bread."
+
+
+@pytest.fixture
+def endpoint() -> Iterator[StandInJudgeEndpoint]:
+    with StandInJudgeEndpoint() as server:
+        yield server
 
 
 def _check(endpoint: StandInJudgeEndpoint, **kw: Any) -> LLMSenseCheck:
@@ -46,7 +53,9 @@ async def test_sense_verdicts_come_from_the_llm_judge(endpoint: StandInJudgeEndp
     assert report.as_dict()["sense_judged"] == 2 and report.seconds > 0
     body = endpoint.requests[0]["body"]
     assert body["messages"][0] == {"role": "system", "content": SENSE_PROMPT}
-    assert BREAD in body["messages"][1]["content"]
+    assert body["messages"][-1]["role"] == "user" and BREAD in body["messages"][-1]["content"]
+    shown = [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+    assert set(shown) == {"GOOD", "BAD"}  # worked examples of both verdicts come first
     assert (body["temperature"], body["max_tokens"], body["model"]) == (0.0, 4, "judge-model")
     # the judge's own requests are never training turns of the server it asks
     assert endpoint.requests[0]["headers"]["x-liveloop-train"] == "false"
