@@ -64,6 +64,7 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 
 from liveloop.config import load_settings, presets  # noqa: E402
 from liveloop.demo.run import objective_figures, run_objective  # noqa: E402
+from liveloop.prm.sense import sense_check_factory  # noqa: E402
 from liveloop.valkey import free_port_block  # noqa: E402
 
 # Moving reward to reach, per model: about half-way from where version 0 starts to pleasing
@@ -139,6 +140,7 @@ def run_one(
             extra_env=env,
             max_judged_turns=args.turns,
             turns_per_update=args.pace,
+            sense=sense_check_factory(settings.trainer.gate.sense),
         )
     figures = objective_figures(run.summary)
     reactions = run.summary.get("reactions") or {}

@@ -114,7 +114,14 @@ def objective_figures(summary: dict[str, Any]) -> dict[str, Any]:
     out["held_out_reward"] = final.get("mean_reward")
     out["held_out_quality"] = {
         k: final.get(k)
-        for k in ("topic_rate", "symbol_share", "non_answer_share", "mean_words", "distinct_2")
+        for k in (
+            "topic_rate",
+            "symbol_share",
+            "non_answer_share",
+            "mean_words",
+            "distinct_2",
+            "sense_rate",
+        )
     }
     return out
 
