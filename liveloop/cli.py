@@ -211,7 +211,8 @@ def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 def _run_collect(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.collector.main import run
 
-    run(settings.shared(), settings.collector, settings.retention)
+    tenant_scope = settings.trainer.tenant_scope
+    run(settings.shared(), settings.collector, settings.retention, tenant_scope=tenant_scope)
 
 
 def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:

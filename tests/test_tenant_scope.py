@@ -1,0 +1,160 @@
+"""Tenant scope (`trainer.scope = "tenant"`) against a real Valkey, on tiny-random: the
+collector packs one tenant's turns per batch with staleness counted in that tenant's own
+versions; the trainer keeps one adapter, optimizer state and version history per tenant
+(also through a lane going cold and read back), gates each with its own tenant's prompts,
+and publishes each version as the adapter named after its tenant."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aredis
+import torch
+
+from liveloop import bus
+from liveloop.collector.loop import Collector
+from liveloop.collector.writer import BatchWriter
+from liveloop.config import ConfigError, load_settings
+from liveloop.contracts import TrainingBatch, TurnRecord, WeightsAnnouncement
+from liveloop.registry import Registry
+from liveloop.tenants import tenant_lag
+from liveloop.trainer.tenants import TenantTrainer
+from tests.test_collector_support import publish_turns, scored_turn, settings_for
+from tests.test_trainer import make_samples
+
+FAST = {"group_wait_s": 0.0, "min_turns": 1, "max_wait_s": 0.05, "max_queued_batches": None}
+LORA = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+async def batches(client: aredis.Redis) -> list[TrainingBatch]:
+    return [bus.decode(f, TrainingBatch) for _id, f in await client.xrange("liveloop:batches")]
+
+
+async def announce_for(client: aredis.Redis, version: int, tenant: str) -> None:
+    ann = WeightsAnnouncement(version=version, path=f"/nowhere/v{version}", kind="adapter",
+                              adapter=tenant, tenant=tenant)  # fmt: skip
+    await bus.publish(client, bus.WEIGHTS, ann)
+
+
+def test_tenant_scope_needs_lora_adapters_and_an_engine_that_serves_them() -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.lora\.enabled"):
+        load_settings(trainer={"scope": "tenant"})
+    with pytest.raises(ConfigError, match=r"trainer\.publish"):
+        load_settings(trainer={"scope": "tenant", "lora": LORA, "publish": "merged"})
+    sglang = {"engine": "sglang", "sglang": {"urls": ["http://127.0.0.1:1"]}}
+    with pytest.raises(ConfigError, match=r"server\.sglang\.enable_lora"):
+        load_settings(trainer={"scope": "tenant", "lora": LORA}, server=sglang)
+    lora_sglang = {**sglang, "sglang": {**sglang["sglang"], "enable_lora": True}}
+    assert load_settings(trainer={"scope": "tenant", "lora": LORA}, server=lora_sglang)
+
+
+def test_tenant_lag_counts_the_tenants_own_updates() -> None:
+    assert tenant_lag(0, []) == 0
+    assert tenant_lag(0, [3, 7, 9]) == 3  # served by the base: every update since
+    assert tenant_lag(7, [3, 7, 9]) == 1
+    assert tenant_lag(9, [3, 7, 9]) == 0
+
+
+async def test_collector_batches_hold_one_tenant_and_count_its_own_staleness(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    # Tenant a's adapter went through versions 4 and 6; b has none (served by the base).
+    await announce_for(aredis_client, 4, "ta")
+    await announce_for(aredis_client, 6, "ta")
+    await bus.publish(aredis_client, bus.WEIGHTS, WeightsAnnouncement(version=9, path="/x"))
+
+    def turn(session: str, tenant: str, versions: list[int]) -> object:
+        return scored_turn(session, versions=versions).model_copy(update={"tenant": tenant})
+
+    turns = [
+        turn("a-fresh", "ta", [6, 6]),  # 0 of a's updates behind
+        turn("a-edge", "ta", [4, 6]),  # 1 behind (6)
+        turn("a-old", "ta", [0, 0]),  # 2 behind (4 and 6): dropped
+        turn("b-1", "tb", [0, 0]),  # b has no versions: on time, though 9 versions exist
+        turn("b-2", "tb", [0]),
+    ]
+    await publish_turns(aredis_client, turns)  # type: ignore[arg-type]
+    s = settings_for(redis_url, data_dir, max_staleness=1, collector=FAST,
+                     trainer={"scope": "tenant", "lora": LORA})  # fmt: skip
+    collector = Collector(s.shared(), s.collector, aredis_client, tenant_scope=True)
+    await collector.start()
+    for _ in range(3):
+        await collector.step(block_ms=20)
+        await asyncio.sleep(0.06)
+    got = await batches(aredis_client)
+    by_tenant = {b.tenant: sorted(x.key.split(":")[0] for x in b.samples or []) for b in got}
+    assert by_tenant == {"ta": ["a-edge", "a-fresh"], "tb": ["b-1", "b-2"]}
+    assert len(got) == 2  # one tenant per batch, never mixed
+    assert collector.metrics.dropped.labels("stale")._value.get() == 1
+    fields = [f for _id, f in await aredis_client.xrange("liveloop:batches")]
+    assert sorted(f["tenant"] for f in fields) == ["ta", "tb"]
+
+
+async def served_turn(client: aredis.Redis, tenant: str, text: str) -> None:
+    record = TurnRecord(
+        session_id=f"s-{text}", turn_index=0, tenant=tenant, request_id=f"r-{text}",
+        messages=[{"role": "user", "content": text}], prompt_token_ids=[1, 2],
+        completion_token_ids=[3], logprobs=[-1.0], versions=[0], finish_reason="stop",
+        model="tiny-random",
+    )  # fmt: skip
+    await bus.publish(client, bus.TURNS, record)
+
+
+def optimizer_steps(checkpoint: Path) -> set[int]:
+    state = torch.load(checkpoint / "trainer_state" / "optimizer.pt", weights_only=True)
+    return {int(s["step"]) for s in state["state"].values()}
+
+
+async def test_trainer_keeps_one_adapter_per_tenant_gated_with_its_own_prompts(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    for tenant, texts in (("ta", ["alpha one", "alpha two"]), ("tb", ["beta one"])):
+        for text in texts:
+            await served_turn(aredis_client, tenant, text)
+    writer = BatchWriter(aredis_client, data_dir)
+    await writer.write(make_samples(3, seed=30), 0, tenant="ta")
+    await writer.write(make_samples(3, seed=31), 0)  # no tenant: not trained in tenant scope
+    await writer.write(make_samples(3, seed=32), 0, tenant="tb")
+    await writer.write(make_samples(3, seed=33), 0, tenant="ta")
+    gate = {"probe_source": "served", "max_tokens": 3, "on_reject": "continue"}
+    trainer_cfg = {"scope": "tenant", "lora": LORA, "lr": 1e-2, "read_block_ms": 100,
+                   "max_updates": 3, "max_warm_tenants": 1, "gate": gate,
+                   "watch": {"enabled": False}}  # fmt: skip
+    s = settings_for(redis_url, data_dir, trainer=trainer_cfg)
+    trainer = TenantTrainer(s.shared(), s.trainer, judging=s.prm)
+    await trainer.run()
+
+    entries = await aredis_client.xrange("liveloop:weights")
+    got = [bus.decode(f, WeightsAnnouncement) for _id, f in entries]
+    assert [(a.version, a.adapter, a.tenant, a.parent) for a in got] == [
+        (1, "ta", "ta", 0),
+        (2, "tb", "tb", 0),  # b starts from a fresh adapter, not from a's
+        (3, "ta", "ta", 1),  # a goes on from its own v1 (read back from disk: 1 warm lane)
+    ]
+    assert all(a.kind == "adapter" for a in got)
+    root = data_dir / "checkpoints" / "tenants"
+    assert sorted(p.name for p in (root / "ta").glob("v*")) == ["v1", "v3"]
+    assert sorted(p.name for p in (root / "tb").glob("v*")) == ["v2"]
+    assert optimizer_steps(root / "ta" / "v3") == {2}  # its own optimizer state, resumed
+    assert optimizer_steps(root / "tb" / "v2") == {1}
+    assert trainer.metrics.dropped.labels("no_tenant")._value.get() == 3
+
+    # Each tenant's gate drew its probes from that tenant's served prompts only.
+    def probed(tenant: str) -> set[str]:
+        gate_of = trainer.lanes[tenant].guards.gate
+        assert gate_of is not None
+        return {p.messages[-1]["content"] for p in gate_of.probes}
+
+    assert probed("ta") == {"alpha one", "alpha two"} and probed("tb") == {"beta one"}
+
+    with Registry.open(s.shared().effective_db_url) as reg:
+        assert [v.version for v in reg.list_model_versions(tenant="ta")] == [3, 1]
+        assert [v.version for v in reg.list_model_versions(tenant="tb")] == [2]
+
+    # A restarted trainer finds both tenants on disk and numbers on from the highest.
+    again = TenantTrainer(s.shared(), s.trainer, judging=s.prm)
+    again.setup()
+    assert sorted(again.lanes) == ["ta", "tb"] and again.next_version == 4
+    assert again.lanes["ta"].versions == [1, 3]
