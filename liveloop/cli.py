@@ -186,7 +186,8 @@ def apply_threads(settings: LiveLoopSettings) -> None:
 def _run_serve(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.server.main import run
 
-    run(settings.shared(), settings.server, settings.auth())
+    archive = settings.retention.archive_path(settings.data_dir)
+    run(settings.shared(), settings.server, settings.auth(), archive_dir=archive)
 
 
 def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
