@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--held-out", action="store_true", help="also replay held-out users against the latest"
     )
     cmds["eval"].add_argument("--json", action="store_true", help="quality as JSON")
+    cmds["eval"].add_argument(
+        "--tenant", metavar="KEY_ID", help="one tenant's adapter versions (its API key id) only"
+    )
     _engine_flags(cmds["serve"])
     judge = cmds["judge"]
     judge.add_argument("--replay", action="store_true", help="re-score historical turns")
@@ -237,7 +240,7 @@ def _run_demo(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 def _run_eval(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.evaluation import print_quality
 
-    print_quality(settings.effective_db_url, as_json=args.json)
+    print_quality(settings.effective_db_url, as_json=args.json, tenant=args.tenant)
     if args.version is not None or args.held_out:
         from liveloop.demo.heldout import run_eval
 

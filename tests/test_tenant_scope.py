@@ -7,6 +7,7 @@ and publishes each version as the adapter named after its tenant."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import redis.asyncio as aredis
 import torch
 
 from liveloop import bus
+from liveloop.cli import main
 from liveloop.collector.loop import Collector
 from liveloop.collector.writer import BatchWriter
 from liveloop.config import ConfigError, load_settings
@@ -108,7 +110,7 @@ def optimizer_steps(checkpoint: Path) -> set[int]:
 
 
 async def test_trainer_keeps_one_adapter_per_tenant_gated_with_its_own_prompts(
-    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for tenant, texts in (("ta", ["alpha one", "alpha two"]), ("tb", ["beta one"])):
         for text in texts:
@@ -152,6 +154,14 @@ async def test_trainer_keeps_one_adapter_per_tenant_gated_with_its_own_prompts(
     with Registry.open(s.shared().effective_db_url) as reg:
         assert [v.version for v in reg.list_model_versions(tenant="ta")] == [3, 1]
         assert [v.version for v in reg.list_model_versions(tenant="tb")] == [2]
+
+    # `liveloop eval --tenant` shows one tenant's versions (and the base beside them).
+    capsys.readouterr()
+    assert main(["eval", "--data-dir", str(data_dir), "--tenant", "tb", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["tenant"] == "tb" and [r["version"] for r in shown["versions"]] == [0, 2]
+    assert main(["eval", "--data-dir", str(data_dir), "--tenant", "nobody"]) == 0
+    assert "no policy versions recorded for tenant nobody" in capsys.readouterr().out
 
     # A restarted trainer finds both tenants on disk and numbers on from the highest.
     again = TenantTrainer(s.shared(), s.trainer, judging=s.prm)
