@@ -39,7 +39,12 @@ from liveloop.collector.writer import BatchWriter
 from liveloop.config import CollectorConfig, SharedSettings
 from liveloop.contracts import ScoredTurn
 from liveloop.samples import min_version, staleness, untrainable
-from liveloop.tenants import TenantVersions, valid_tenant
+from liveloop.tenants import (
+    TenantVersions,
+    split_tenant_baselines,
+    tenant_baseline_name,
+    valid_tenant,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +99,7 @@ class Collector:
             min_task_turns=cfg.baseline_min_task_turns,
             max_tasks=cfg.baseline_max_tasks,
         )
+        self.tenant_baselines: dict[str, Baselines] = {}  # tenant scope: each tenant's own
         self.policy = FlushPolicy(cfg.token_budget, cfg.min_turns, cfg.min_fill, cfg.max_wait_s)
         self.ready: list[PendingSample] = []
         self.held = self.consumer.in_flight  # entries held until their batch is published
@@ -110,7 +116,10 @@ class Collector:
         """Create the consumer group and read the trainer's version."""
         await self.consumer.ensure_group()
         stored: Any = await self.client.hgetall(keys.COLLECTOR_BASELINES)
-        self.baselines.load({str(k): str(v) for k, v in stored.items()})
+        shared, by_tenant = split_tenant_baselines({str(k): str(v) for k, v in stored.items()})
+        self.baselines.load(shared)
+        for tenant, state in by_tenant.items():
+            self._baselines_of(tenant).load(state)
         for judge, baseline in self.baselines.by_judge.items():
             self.metrics.baseline.labels(judge).set(baseline.value)
         if self.baselines.by_judge:
@@ -166,23 +175,49 @@ class Collector:
         now = time.monotonic()
         await self._keep_held(now)
         await self._intake(entries, now)
-        moved: set[str] = set()
+        moved: dict[str | None, set[str]] = {}
         for group in self.groups.pop_closed(now):
-            self.baselines.assign(group)
+            tenant = group[0].turn.tenant if self.tenant_versions is not None else None
+            baselines = self._baselines_of(tenant)
+            baselines.assign(group)
             for p in group:
-                moved.add(p.turn.judge)
+                moved.setdefault(tenant, set()).add(p.turn.judge)
                 self.metrics.reward.labels(str(p.main_version)).observe(p.turn.score)
-                self.metrics.baseline.labels(p.turn.judge).set(
-                    self.baselines.get(p.turn.judge).value
-                )
+                if tenant is None:  # per tenant, the label set would be unbounded
+                    self.metrics.baseline.labels(p.turn.judge).set(
+                        baselines.get(p.turn.judge).value
+                    )
             self.ready.extend(group)
-        if dropped := self.baselines.take_dropped():  # before the write: one may be back
-            await self.client.hdel(keys.COLLECTOR_BASELINES, *dropped)
-        if moved:
-            state: Any = self.baselines.dump(moved)
-            await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)
+        await self._store_baselines(moved)
         await self._flush(now)
         self.metrics.pending.set(len(self.held))
+
+    def _baselines_of(self, tenant: str | None) -> Baselines:
+        """The reward baselines a turn is measured against: in tenant scope its tenant's
+        own (another tenant's scores never enter its advantages), else the shared ones."""
+        if tenant is None:
+            return self.baselines
+        found = self.tenant_baselines.get(tenant)
+        if found is None:
+            b = self.baselines
+            found = Baselines(b.decay, scope=b.scope, min_task_turns=b.min_task_turns,
+                              max_tasks=b.max_tasks)  # fmt: skip
+            self.tenant_baselines[tenant] = found
+        return found
+
+    async def _store_baselines(self, moved: dict[str | None, set[str]]) -> None:
+        """Write the baselines that moved (and drop those no longer kept) in Redis."""
+        named: list[tuple[str | None, Baselines]] = [(None, self.baselines)]
+        named += list(self.tenant_baselines.items())
+        dropped = [tenant_baseline_name(t, n) for t, b in named for n in b.take_dropped()]
+        if dropped:  # before the write: one may be back
+            await self.client.hdel(keys.COLLECTOR_BASELINES, *dropped)
+        state: dict[str, str] = {}
+        for tenant, judges in moved.items():
+            for name, value in self._baselines_of(tenant).dump(judges).items():
+                state[tenant_baseline_name(tenant, name)] = value
+        if state:
+            await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)  # type: ignore[arg-type]
 
     def _behind(self, turn: ScoredTurn, version: int) -> int:
         """How many versions the turn lags: behind the trainer, or, in tenant scope, behind

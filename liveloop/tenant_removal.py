@@ -26,7 +26,7 @@ from liveloop.bus import keys
 from liveloop.bus.archive_purge import purge_tenant, session_of_key
 from liveloop.contracts import TrainingBatch, turn_key
 from liveloop.registry import Registry
-from liveloop.tenants import tenant_checkpoints, valid_tenant
+from liveloop.tenants import tenant_baseline_name, tenant_checkpoints, valid_tenant
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,7 @@ class TenantRemoval:
         sessions |= await self._sessions(tenant, report)
         await self._batches(tenant, turn_keys, sessions, report)
         await self._waiting(sessions, turn_keys)
+        await self._baselines(tenant)
         versions = await asyncio.to_thread(self._disk_and_registry, tenant, report)
         await self._quality(versions)
         if self.archive_dir is not None and self.archive_dir.is_dir():
@@ -200,6 +201,15 @@ class TenantRemoval:
                 keys.waiting_group(group), keys.early_feedback_key(group),
                 keys.arrival_key(group), keys.side_marker(group),
             )  # fmt: skip
+
+    async def _baselines(self, tenant: str) -> None:
+        """The collector's reward baselines of the tenant (tenant scope)."""
+        names: Any = await self.client.hkeys(keys.COLLECTOR_BASELINES)
+        mark = tenant_baseline_name(tenant, "")
+        doomed = [n for n in (str(x.decode() if isinstance(x, bytes) else x) for x in names)
+                  if n.startswith(mark)]  # fmt: skip
+        if doomed:
+            await self.client.hdel(keys.COLLECTOR_BASELINES, *doomed)
 
     def _disk_and_registry(self, tenant: str, report: RemovalReport) -> list[int]:
         """The tenant's checkpoints and registry rows; returns its versions."""

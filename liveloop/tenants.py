@@ -22,12 +22,34 @@ from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
 
 TENANTS_SUBDIR = "tenants"
+TENANT_MARK = "#tenant:"  # tenant scope: <tenant>#tenant:<name>, the tenant's own baseline
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def valid_tenant(tenant: str | None) -> bool:
     """Whether `tenant` can name an adapter and a directory (an API key id always can)."""
     return tenant is not None and NAME.match(tenant) is not None
+
+
+def tenant_baseline_name(tenant: str | None, name: str) -> str:
+    """The stored name of a baseline (a tenant's own, in tenant scope)."""
+    return name if tenant is None else f"{tenant}{TENANT_MARK}{name}"
+
+
+def split_tenant_baselines(
+    state: dict[str, str],
+) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Stored baselines as (the shared ones, each tenant's own by tenant)."""
+    shared: dict[str, str] = {}
+    by_tenant: dict[str, dict[str, str]] = {}
+    for name, value in state.items():
+        tenant, mark, rest = name.partition(TENANT_MARK)
+        if mark:
+            by_tenant.setdefault(tenant, {})[rest] = value
+        else:
+            shared[name] = value
+    return shared, by_tenant
 
 
 def tenant_checkpoints(checkpoints_dir: Path, tenant: str) -> Path:

@@ -232,6 +232,8 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
             assert A not in fields["data"], name
     assert not list(sync.scan_iter(match=f"liveloop:session:{session_a}"))
     assert not list(sync.scan_iter(match=f"liveloop:prefix:{A}:*"))
+    baselines = sync.hkeys("liveloop:collector:baselines")  # the collector's, per tenant
+    assert not any(n.startswith(A) for n in baselines) and any(n.startswith(B) for n in baselines)
     assert not (server.data_dir / "checkpoints" / "tenants" / A).exists()
     with Registry.open(settings.effective_db_url) as reg:
         assert reg.list_model_versions(tenant=A) == [] and reg.get_session(session_a) is None

@@ -92,6 +92,12 @@ async def test_collector_batches_hold_one_tenant_and_count_its_own_staleness(
     assert collector.metrics.dropped.labels("stale")._value.get() == 1
     fields = [f for _id, f in await aredis_client.xrange("liveloop:batches")]
     assert sorted(f["tenant"] for f in fields) == ["ta", "tb"]
+    # Each tenant's advantages are measured against its own reward baseline.
+    stored = await aredis_client.hgetall("liveloop:collector:baselines")
+    assert sorted(stored) == ["ta#tenant:rules", "tb#tenant:rules"]
+    again = Collector(s.shared(), s.collector, aredis_client, tenant_scope=True)
+    await again.start()  # a restarted collector reads them back
+    assert again.tenant_baselines["ta"].get("rules").count == 2
 
 
 async def served_turn(client: aredis.Redis, tenant: str, text: str) -> None:
