@@ -91,6 +91,9 @@ class TenantVersions:
         for ann in announcements:
             if ann.tenant is None:
                 continue
+            if ann.withdrawn:  # the tenant was deleted: it starts over
+                self.by_tenant.pop(ann.tenant, None)
+                continue
             versions = self.by_tenant.setdefault(ann.tenant, [])
             at = bisect.bisect_left(versions, ann.version)
             if at == len(versions) or versions[at] != ann.version:

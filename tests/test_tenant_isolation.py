@@ -227,9 +227,13 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
     assert report["registry"]["versions"] == 1 and report["archive_entries"] > 0
 
     # The streams, read back: nothing of A's (turns, judged turns, batches, announcements).
-    for name in (bus.TURNS, bus.SCORED, bus.BATCHES, bus.WEIGHTS):
+    for name in (bus.TURNS, bus.SCORED, bus.BATCHES):
         for _id, fields in sync.xrange(bus.stream_key(name)):
             assert A not in fields["data"], name
+    # ...but the withdrawal of its adapter, for every other server to unload it too.
+    announced = [bus.decode(f, WeightsAnnouncement) for _id, f in sync.xrange("liveloop:weights")]
+    mentions = [a for a in announced if A in a.model_dump_json()]
+    assert [(a.adapter, a.withdrawn, a.servable) for a in mentions] == [(A, True, False)]
     assert not list(sync.scan_iter(match=f"liveloop:session:{session_a}"))
     assert not list(sync.scan_iter(match=f"liveloop:prefix:{A}:*"))
     baselines = sync.hkeys("liveloop:collector:baselines")  # the collector's, per tenant
@@ -256,3 +260,16 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
     assert again.status_code == 200 and again.json()["checkpoints"] == 0  # harmless
     unknown = await asyncio.to_thread(_admin, server, "DELETE", "/admin/tenants/key-000000000000")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+
+    # A withdrawal announced by another server's deletion: this one unloads the adapter too.
+    withdrawal = WeightsAnnouncement(version=0, path="", kind="adapter", adapter=B, tenant=B,
+                                     withdrawn=True, status="rejected")  # fmt: skip
+    sync = redis.Redis.from_url(server.redis_url)
+    sync.xadd(bus.stream_key(bus.WEIGHTS), {"data": withdrawal.model_dump_json()})
+    sync.close()
+    deadline = time.monotonic() + 30
+    while B in _served(server):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    headers, _ = await asyncio.to_thread(_ask, server, B, QUESTIONS[0])
+    assert "x-policy-adapter" not in headers

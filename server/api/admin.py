@@ -9,6 +9,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from liveloop import bus
+from liveloop.contracts import VersionStatus, WeightsAnnouncement
 from liveloop.server.api.deps import AdminDep, StateDep
 from liveloop.server.api.errors import APIError, error_responses
 from liveloop.tenant_removal import TenantRemoval
@@ -108,7 +110,7 @@ async def delete_tenant(key_id: str, state: StateDep) -> dict[str, Any]:
     adapters = {a for a in (state.follower.routing.by_tenant.get(key_id), key_id) if a in served}
     known = key_id in state.auth.tenants or bool(adapters)
     for name in sorted(adapters):
-        await state.follower.unload_adapter(name)
+        await state.follower.withdraw(name, key_id)
     state.follower.routing.forget_tenant(key_id)
     removal = TenantRemoval(
         state.redis,
@@ -118,6 +120,11 @@ async def delete_tenant(key_id: str, state: StateDep) -> dict[str, Any]:
         db_url=state.shared.effective_db_url,
     )
     report = await removal.remove(key_id)
+    for name in sorted(adapters | {key_id}):  # every other server unloads it too
+        withdrawal = WeightsAnnouncement(version=0, path="", kind="adapter", adapter=name,
+                                         tenant=key_id, withdrawn=True,
+                                         status=VersionStatus.REJECTED, reason="tenant deleted")  # fmt: skip
+        await bus.publish(state.redis, bus.WEIGHTS, withdrawal)
     if not known and not report.found:
         raise APIError(404, f"no tenant {key_id!r}", param="key_id", code="not_found")
     return {"tenant": key_id, "adapters_unloaded": sorted(adapters), **dataclasses.asdict(report)}
