@@ -174,3 +174,39 @@ async def test_trainer_keeps_one_adapter_per_tenant_gated_with_its_own_prompts(
     again.setup()
     assert sorted(again.lanes) == ["ta", "tb"] and again.next_version == 4
     assert again.lanes["ta"].versions == [1, 3]
+
+
+async def test_one_tenants_refusals_never_touch_another_tenants_adapter(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """Any drift is refused (max_kl 1e-9) where the gate has probes: tenant a has served
+    prompts, tenant b none yet (its gate has nothing to compare, and serves)."""
+    from peft.utils import load_peft_weights
+
+    await served_turn(aredis_client, "ta", "alpha asks")
+    writer = BatchWriter(aredis_client, data_dir)
+    for seed, tenant in ((40, "ta"), (41, "tb"), (42, "ta")):
+        await writer.write(make_samples(3, seed=seed), 0, tenant=tenant)
+    gate = {"probe_source": "served", "max_tokens": 3, "max_kl": 1e-9, "on_reject": "revert"}
+    trainer_cfg = {"scope": "tenant", "lora": LORA, "lr": 1e-2, "read_block_ms": 100,
+                   "max_updates": 3, "gate": gate, "watch": {"enabled": False}}  # fmt: skip
+    s = settings_for(redis_url, data_dir, trainer=trainer_cfg)
+    trainer = TenantTrainer(s.shared(), s.trainer, judging=s.prm)
+    await trainer.run()
+
+    entries = await aredis_client.xrange("liveloop:weights")
+    got = [bus.decode(f, WeightsAnnouncement) for _id, f in entries]
+    assert [(a.version, a.tenant, a.status, a.parent) for a in got] == [
+        (1, "ta", "rejected", 0),
+        (2, "tb", "accepted", 0),
+        (3, "ta", "rejected", 0),  # a went back to its base, not to b's adapter
+    ]
+    ta, tb = trainer.lanes["ta"], trainer.lanes["tb"]
+    assert trainer.state.version == 0 and trainer.lr_scale < 1.0  # a is being trained
+    assert tb.state.version == 2 and tb.lr_scale == 1.0  # b's own state, untouched
+    assert tb.warm is not None  # b's adapter, kept in memory, is still the one it served
+    saved = load_peft_weights(str(data_dir / "checkpoints" / "tenants" / "tb" / "v2"), "cpu")
+    kept = {k.replace(".default", ""): v for k, v in tb.warm.adapter.items()}
+    assert saved.keys() == kept.keys()
+    assert all(torch.equal(saved[k], kept[k]) for k in saved)
+    assert ta.guards.rejected == 2 and tb.guards.rejected == 0
