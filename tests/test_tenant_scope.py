@@ -210,3 +210,29 @@ async def test_one_tenants_refusals_never_touch_another_tenants_adapter(
     assert saved.keys() == kept.keys()
     assert all(torch.equal(saved[k], kept[k]) for k in saved)
     assert ta.guards.rejected == 2 and tb.guards.rejected == 0
+    # Operators see it per tenant (bounded labels, liveloop.trainer.tenant_metrics).
+    sample = trainer.metrics.registry.get_sample_value
+    assert sample("liveloop_tenant_refusals_total", {"tenant": "ta"}) == 2
+    assert sample("liveloop_tenant_refusals_total", {"tenant": "tb"}) == 0
+    assert sample("liveloop_tenant_rollbacks_total", {"tenant": "ta"}) == 0
+    assert sample("liveloop_tenant_version", {"tenant": "tb"}) == 2
+    assert sample("liveloop_tenant_updates_total", {"tenant": "ta"}) == 2
+    assert sample("liveloop_tenant_reward", {"tenant": "tb"}) is not None
+
+
+def test_tenant_metrics_name_only_the_busiest_tenants() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from liveloop.trainer.tenant_metrics import TenantMetrics
+
+    registry = CollectorRegistry()
+    metrics = TenantMetrics(registry, limit=2)
+    for tenant, samples in (("a", 20), ("b", 10), ("c", 1)):
+        metrics.trained(tenant, 1, 0.5, samples, refused=False)
+    assert registry.get_sample_value("liveloop_tenant_updates_total", {"tenant": "other"}) == 1
+    assert registry.get_sample_value("liveloop_tenant_version", {"tenant": "other"}) is None
+    metrics.trained("c", 2, 0.5, 100, refused=False)  # c grows busier than b: b's series go
+    assert registry.get_sample_value("liveloop_tenant_version", {"tenant": "c"}) == 2
+    assert registry.get_sample_value("liveloop_tenant_version", {"tenant": "b"}) is None
+    metrics.rolled_back("a", 3)
+    assert registry.get_sample_value("liveloop_tenant_rollbacks_total", {"tenant": "a"}) == 1

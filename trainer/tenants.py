@@ -43,10 +43,12 @@ from liveloop.registry import Registry
 from liveloop.tenants import tenant_checkpoints, tenant_lag, tenants_on_disk, valid_tenant
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 from liveloop.trainer.dist import Comm
-from liveloop.trainer.loop import Trainer
+from liveloop.trainer.loop import StepMessage, Trainer
 from liveloop.trainer.metrics import TrainerMetrics
+from liveloop.trainer.safeguards.decisions import Decision
 from liveloop.trainer.safeguards.guards import Safeguards
 from liveloop.trainer.source import BatchSource, Publisher, ReceivedBatch
+from liveloop.trainer.tenant_metrics import TenantMetrics
 from liveloop.weights import SharedDiskTransport
 
 if TYPE_CHECKING:
@@ -103,6 +105,7 @@ class TenantTrainer(Trainer):
         self._fresh: dict[str, torch.Tensor] = {}
         self._client: aredis.Redis | None = None
         self.guards = self._idle_guards()
+        self.tenant_metrics = TenantMetrics(self.metrics.registry)
 
     def _idle_guards(self) -> Safeguards:
         """Safeguards with nothing to do: those outside any lane (each lane has its own)."""
@@ -257,6 +260,26 @@ class TenantTrainer(Trainer):
             raise RuntimeError("no tenant's adapter is being trained")
         return self.lane
 
+    async def _apply(
+        self,
+        item: ReceivedBatch,
+        message: StepMessage,
+        source: BatchSource,
+        publisher: Publisher,
+    ) -> None:
+        lane = self._active()
+        refusals = lane.guards.rejected
+        await super()._apply(item, message, source, publisher)
+        reward = sum(s.score for s in message.samples) / len(message.samples)
+        refused = lane.guards.rejected > refusals
+        self.tenant_metrics.trained(
+            lane.tenant, self.version, reward, len(message.samples), refused=refused
+        )
+
+    async def _roll_back(self, decision: Decision, publisher: Publisher) -> None:
+        await super()._roll_back(decision, publisher)
+        self.tenant_metrics.rolled_back(self._active().tenant, self.version)
+
     async def _watch_served(self, publisher: Publisher) -> None:
         """Each started lane's watch looks at its own versions; a rollback is its own."""
         for lane in list(self.lanes.values()):
@@ -282,6 +305,7 @@ class TenantTrainer(Trainer):
     def forget_tenant(self, tenant: str) -> None:
         """A deleted tenant's lane (its files are removed by whoever deleted it)."""
         lane = self.lanes.pop(tenant, None)
+        self.tenant_metrics.forget(tenant)
         if lane is not None and lane is self.lane:
             self.lane = None
             self.store, self.guards = self.root_store, self._idle_guards()
