@@ -236,3 +236,54 @@ def test_tenant_metrics_name_only_the_busiest_tenants() -> None:
     assert registry.get_sample_value("liveloop_tenant_version", {"tenant": "b"}) is None
     metrics.rolled_back("a", 3)
     assert registry.get_sample_value("liveloop_tenant_rollbacks_total", {"tenant": "a"}) == 1
+
+
+async def test_a_tenants_bad_version_is_rolled_back_alone(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """Served counters -> tenant a's watch (set up at start-up, before any batch of a) -> a's
+    good adapter again under a new version; tenant b trains on from its own."""
+    from liveloop.quality import QualityStore
+
+    writer = BatchWriter(aredis_client, data_dir)
+    for seed, tenant in ((50, "ta"), (51, "tb"), (52, "ta")):
+        await writer.write(make_samples(4, seed=seed), 0, tenant=tenant)
+    trainer_cfg = {"scope": "tenant", "lora": LORA, "lr": 1e-2, "read_block_ms": 100,
+                   "gate": {"enabled": False},
+                   "watch": {"min_turns": 8, "check_interval_s": 0.05}}  # fmt: skip
+    s = settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 3})
+    await TenantTrainer(s.shared(), s.trainer, judging=s.prm).run()  # a: v1, v3; b: v2
+
+    async with aredis_client.pipeline(transaction=False) as pipe:
+        for version, scores in ((0, [0.5, 1.0] * 4), (1, [1.0] * 10), (3, [-1.0, -0.5] * 5)):
+            for score in scores:
+                QualityStore.queue_turn(pipe, version, score, "a reply of a few words")
+        await pipe.execute()
+    await writer.write(make_samples(4, seed=53), 0, tenant="tb")
+    s = settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 1})
+    second = TenantTrainer(s.shared(), s.trainer, judging=s.prm)
+    await second.run()  # a's watch rolls v3 back to v1 as v4; then b's batch: v5 from v2
+
+    entries = await aredis_client.xrange("liveloop:weights")
+    got = [bus.decode(f, WeightsAnnouncement) for _id, f in entries]
+    assert [(a.version, a.tenant, a.parent) for a in got][3:] == [
+        (4, "ta", 1),  # v1's weights again
+        (5, "tb", 2),  # b goes on from its own version, untouched by a's rollback
+    ]
+    assert got[3].reason is not None and got[3].reason.startswith("the weights of v1 again")
+    root = data_dir / "checkpoints" / "tenants" / "ta"
+    again = load_peft_weights_of(root / "v4")
+    good = load_peft_weights_of(root / "v1")
+    assert all(torch.equal(again[k], good[k]) for k in good)
+    with Registry.open(s.shared().effective_db_url) as reg:
+        assert reg.get_model_version(3).status == "rolled_back"  # type: ignore[union-attr]
+    sample = second.metrics.registry.get_sample_value
+    assert sample("liveloop_tenant_rollbacks_total", {"tenant": "ta"}) == 1
+    assert second.lanes["tb"].guards.watch is not None
+    assert second.lanes["tb"].guards.watch.rollbacks == 0
+
+
+def load_peft_weights_of(path: Path) -> dict[str, torch.Tensor]:
+    from peft.utils import load_peft_weights
+
+    return dict(load_peft_weights(str(path), "cpu"))

@@ -77,7 +77,8 @@ class TenantLane:
     lr_scale: float = 1.0
     warm: Warm | None = None
     used_at: float = 0.0  # monotonic time it was last trained
-    started: bool = False  # its gate and watch are set up
+    gated: bool = False  # its gate has drawn its probes and probed its serving version
+    watched: bool = False  # its served-quality watch is set up
 
     def lag(self, sample: BatchSample) -> int:
         """The updates of this tenant's adapter since `sample` was produced."""
@@ -149,15 +150,23 @@ class TenantTrainer(Trainer):
         self._client = client
 
     async def _reconcile(self, publisher: Publisher) -> None:
-        """Every tenant's version training goes on from is recorded and announced."""
+        """Every tenant's version training goes on from is recorded and announced, and its
+        watch looks at its served versions from now on (not only once its next batch comes)."""
         for lane in list(self.lanes.values()):
             version = await asyncio.to_thread(lane.store.resume_point)
             if not version:
                 continue
             path = lane.store.path_for(version)
-            state = await asyncio.to_thread(lane.store.load_state, version)
+            lane.state = await asyncio.to_thread(lane.store.load_state, version)
+            state = lane.state
             await asyncio.to_thread(publisher.record, version, path, state.parent, state.metrics)
             await publisher.announce(version, path, state.parent, state.metrics)
+            await self._start_watch(lane, state)
+
+    async def _start_watch(self, lane: TenantLane, state: TrainerState) -> None:
+        if not lane.watched:
+            lane.watched = True
+            await asyncio.to_thread(lane.guards.start_watch, lane.store, state)
 
     # -- switching lanes ---------------------------------------------------------------------
 
@@ -175,11 +184,11 @@ class TenantTrainer(Trainer):
             else:  # cold (or new): its newest checkpoint is where it stands (or the base)
                 await asyncio.to_thread(self._put_adapter, lane.store.resume_point())
             self._cool_down()
-        if not lane.started:
-            lane.started = True
+        if not lane.gated:
+            lane.gated = True
             policy = self._updater().policy
             await lane.guards.start_gate(policy, self.version, self._client)
-            await asyncio.to_thread(lane.guards.start_watch, lane.store, self.state)
+        await self._start_watch(lane, self.state)
 
     def _leave(self, lane: TenantLane) -> None:
         """Keep the lane being left in memory (its weights and optimizer state)."""
