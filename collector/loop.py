@@ -219,6 +219,18 @@ class Collector:
         if state:
             await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)  # type: ignore[arg-type]
 
+    async def _forget_tenant(self, tenant: str) -> None:
+        """A deleted tenant: the turns of it held here never make a batch (their entries,
+        deleted from the stream, are acknowledged), and its baselines go."""
+        held = [p for p in self.ready if p.turn.tenant == tenant]
+        held += self.groups.drop_tenant(tenant)
+        self.ready = [p for p in self.ready if p.turn.tenant != tenant]
+        self.tenant_baselines.pop(tenant, None)
+        if held:
+            log.info("tenant %s was deleted: %d held turns dropped", tenant, len(held))
+            self.metrics.dropped.labels("deleted").inc(len(held))
+            await self._release(held)
+
     def _behind(self, turn: ScoredTurn, version: int) -> int:
         """How many versions the turn lags: behind the trainer, or, in tenant scope, behind
         its tenant's adapter (the updates it went through since)."""
@@ -231,6 +243,8 @@ class Collector:
         self.metrics.trainer_version.set(version)
         if self.tenant_versions is not None:
             await self.tenant_versions.refresh()
+            for tenant in self.tenant_versions.take_withdrawn():
+                await self._forget_tenant(tenant)
         acks: list[str] = []
         candidates: list[PendingSample] = []
         for entry in entries:

@@ -84,6 +84,7 @@ class TenantVersions:
     def __init__(self, client: aredis.Redis) -> None:
         self.client = client
         self.by_tenant: dict[str, list[int]] = {}
+        self.withdrawn: set[str] = set()  # tenants deleted since the last `take_withdrawn`
         self._last_id = "0-0"
 
     def add(self, announcements: Iterable[WeightsAnnouncement]) -> None:
@@ -93,6 +94,7 @@ class TenantVersions:
                 continue
             if ann.withdrawn:  # the tenant was deleted: it starts over
                 self.by_tenant.pop(ann.tenant, None)
+                self.withdrawn.add(ann.tenant)
                 continue
             versions = self.by_tenant.setdefault(ann.tenant, [])
             at = bisect.bisect_left(versions, ann.version)
@@ -110,9 +112,10 @@ class TenantVersions:
             self._last_id = last.decode() if isinstance(last, bytes) else str(last)
             self.add(bus.decode_entries(entries, WeightsAnnouncement))
 
-    def forget(self, tenant: str) -> None:
-        """A deleted tenant's history."""
-        self.by_tenant.pop(tenant, None)
+    def take_withdrawn(self) -> set[str]:
+        """Tenants whose deletion was announced since the last call."""
+        taken, self.withdrawn = self.withdrawn, set()
+        return taken
 
     def lag(self, tenant: str, oldest_version: int) -> int:
         """`tenant_lag` against what was read so far."""

@@ -287,3 +287,29 @@ def load_peft_weights_of(path: Path) -> dict[str, torch.Tensor]:
     from peft.utils import load_peft_weights
 
     return dict(load_peft_weights(str(path), "cpu"))
+
+
+async def test_the_collector_drops_what_it_holds_of_a_deleted_tenant(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    def turn(session: str, tenant: str) -> object:
+        return scored_turn(session, versions=[0]).model_copy(update={"tenant": tenant})
+
+    await publish_turns(aredis_client, [turn("a-1", "ta"), turn("b-1", "tb")])  # type: ignore[list-item]
+    held = {**FAST, "min_turns": 2, "max_wait_s": 60.0}  # one turn each: held, not shipped
+    s = settings_for(redis_url, data_dir, collector=held, trainer={"scope": "tenant", "lora": LORA})
+    collector = Collector(s.shared(), s.collector, aredis_client, tenant_scope=True)
+    await collector.start()
+    await collector.step(block_ms=20)
+    assert sorted(p.turn.tenant for p in collector.ready) == ["ta", "tb"]
+
+    withdrawal = WeightsAnnouncement(version=0, path="", kind="adapter", adapter="ta",
+                                     tenant="ta", withdrawn=True, status="rejected")  # fmt: skip
+    await bus.publish(aredis_client, bus.WEIGHTS, withdrawal)
+    await publish_turns(aredis_client, [turn("b-2", "tb")])  # type: ignore[list-item]
+    for _ in range(2):
+        await collector.step(block_ms=20)
+    got = await batches(aredis_client)
+    assert [(b.tenant, len(b.samples or [])) for b in got] == [("tb", 2)]
+    assert collector.ready == [] and collector.metrics.dropped.labels("deleted")._value.get() == 1
+    assert await collector.consumer.lag() == (0, 0)  # a's turn acknowledged, not pending
