@@ -28,7 +28,8 @@ class LoraSettings(Section):
     adapter_name: str = Field(
         "policy",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        description="The name the adapter is announced and served under (publish = 'adapter').",
+        description="The name the adapter is announced and served under (publish = 'adapter', "
+        "shared scope; in tenant scope each tenant's adapter is named after its key id).",
     )
 
 
