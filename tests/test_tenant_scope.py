@@ -313,3 +313,24 @@ async def test_the_collector_drops_what_it_holds_of_a_deleted_tenant(
     assert [(b.tenant, len(b.samples or [])) for b in got] == [("tb", 2)]
     assert collector.ready == [] and collector.metrics.dropped.labels("deleted")._value.get() == 1
     assert await collector.consumer.lag() == (0, 0)  # a's turn acknowledged, not pending
+
+
+async def test_one_tenants_burst_does_not_hold_back_another(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """Tenant a's eight turns came first, b's two after; room for two batches: one batch of
+    each, not two of a (batches of two turns: 64 tokens, 32 a turn)."""
+
+    def turn(session: str, tenant: str) -> object:
+        t = scored_turn(session, prompt_len=28, completion_len=4)
+        return t.model_copy(update={"tenant": tenant})
+
+    burst = [turn(f"a-{i}", "ta") for i in range(8)]
+    await publish_turns(aredis_client, [*burst, turn("b-0", "tb"), turn("b-1", "tb")])  # type: ignore[list-item]
+    cfg = {**FAST, "token_budget": 64, "min_turns": 2, "max_queued_batches": 2}
+    s = settings_for(redis_url, data_dir, collector=cfg, trainer={"scope": "tenant", "lora": LORA})
+    collector = Collector(s.shared(), s.collector, aredis_client, tenant_scope=True)
+    await collector.start()
+    await collector.step(block_ms=20)
+    got = await batches(aredis_client)
+    assert [(b.tenant, len(b.samples or [])) for b in got] == [("ta", 2), ("tb", 2)]
