@@ -183,6 +183,7 @@ class TenantTrainer(Trainer):
                 self.state, lane.warm = lane.state, None
             else:  # cold (or new): its newest checkpoint is where it stands (or the base)
                 await asyncio.to_thread(self._put_adapter, lane.store.resume_point())
+                lane.state = self.state
             self._cool_down()
         if not lane.gated:
             lane.gated = True
@@ -279,6 +280,7 @@ class TenantTrainer(Trainer):
         lane = self._active()
         refusals = lane.guards.rejected
         await super()._apply(item, message, source, publisher)
+        lane.state, lane.lr_scale = self.state, self.lr_scale
         reward = sum(s.score for s in message.samples) / len(message.samples)
         refused = lane.guards.rejected > refusals
         self.tenant_metrics.trained(
@@ -287,6 +289,8 @@ class TenantTrainer(Trainer):
 
     async def _roll_back(self, decision: Decision, publisher: Publisher) -> None:
         await super()._roll_back(decision, publisher)
+        lane = self._active()
+        lane.state, lane.lr_scale = self.state, self.lr_scale
         self.tenant_metrics.rolled_back(self._active().tenant, self.version)
 
     async def _watch_served(self, publisher: Publisher) -> None:
