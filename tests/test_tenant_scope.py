@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -169,11 +170,20 @@ async def test_trainer_keeps_one_adapter_per_tenant_gated_with_its_own_prompts(
     assert main(["eval", "--data-dir", str(data_dir), "--tenant", "nobody"]) == 0
     assert "no policy versions recorded for tenant nobody" in capsys.readouterr().out
 
+    # Tenant a deleted (its checkpoints gone): its adapter leaves the trainer's memory too.
+    assert trainer.lane is trainer.lanes["ta"]  # trained last: in the model now
+    shutil.rmtree(root / "ta")
+    trainer._forget_deleted()
+    assert sorted(trainer.lanes) == ["tb"] and trainer.lane is None
+    model = trainer.updater.policy.model  # type: ignore[union-attr]
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert all(torch.equal(trained[n], trainer._fresh[n]) for n in trained)
+
     # A restarted trainer finds both tenants on disk and numbers on from the highest.
     again = TenantTrainer(s.shared(), s.trainer, judging=s.prm)
     again.setup()
-    assert sorted(again.lanes) == ["ta", "tb"] and again.next_version == 4
-    assert again.lanes["ta"].versions == [1, 3]
+    assert sorted(again.lanes) == ["tb"] and again.next_version == 3
+    assert again.lanes["tb"].versions == [2]
 
 
 async def test_one_tenants_refusals_never_touch_another_tenants_adapter(

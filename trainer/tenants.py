@@ -256,9 +256,7 @@ class TenantTrainer(Trainer):
             self.metrics.dropped.labels("no_tenant").inc(len(item.samples))
             await source.done(item)
             return False
-        known = self.lanes.get(tenant)
-        if known is not None and known.versions and not known.store.root.exists():
-            self.forget_tenant(tenant)  # deleted meanwhile: it starts over from the base
+        self._forget_deleted()
         await self._enter(self._lane(tenant))
         return True
 
@@ -295,6 +293,7 @@ class TenantTrainer(Trainer):
 
     async def _watch_served(self, publisher: Publisher) -> None:
         """Each started lane's watch looks at its own versions; a rollback is its own."""
+        self._forget_deleted()
         for lane in list(self.lanes.values()):
             if lane.guards.watch is None:
                 continue
@@ -315,6 +314,14 @@ class TenantTrainer(Trainer):
             lane.versions = sorted([*lane.versions, state.version])
         return path
 
+    def _forget_deleted(self) -> None:
+        """Lanes of tenants deleted meanwhile (their checkpoints are gone): their adapters
+        leave memory at once; a tenant that comes back starts over from the base."""
+        for lane in list(self.lanes.values()):
+            if lane.versions and not lane.store.root.exists():
+                log.info("tenant %s was deleted: its adapter leaves the trainer", lane.tenant)
+                self.forget_tenant(lane.tenant)
+
     def forget_tenant(self, tenant: str) -> None:
         """A deleted tenant's lane (its files are removed by whoever deleted it)."""
         lane = self.lanes.pop(tenant, None)
@@ -322,3 +329,4 @@ class TenantTrainer(Trainer):
         if lane is not None and lane is self.lane:
             self.lane = None
             self.store, self.guards = self.root_store, self._idle_guards()
+            self._put_adapter(None)  # its weights and optimizer state leave the model too
