@@ -242,6 +242,15 @@ class GroupAssembler:
             result.append(sorted(self._groups.pop(key), key=lambda p: p.turn.sample_index))
         return result
 
+    def drop_tenant(self, tenant: str) -> list[PendingSample]:
+        """Remove the waiting samples of `tenant` (deleted); returns them."""
+        dropped: list[PendingSample] = []
+        for key in list(self._groups):
+            if self._groups[key] and self._groups[key][0].turn.tenant == tenant:
+                dropped += self._groups.pop(key)
+                self._opened.pop(key, None)
+        return dropped
+
     def holds(self, key: str) -> bool:
         """True when a turn with this idempotency key is waiting in a group."""
         return any(p.key == key for g in self._groups.values() for p in g)

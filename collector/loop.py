@@ -6,7 +6,9 @@ behind the trainer), holds the rest in their prompt group for `group_wait_s`, as
 advantages when a group closes, and packs ready turns into batches. At most
 `max_queued_batches` wait for the trainer: while that many do, ready turns are held, and the
 next batch is packed from the freshest of them, so a trainer slower than the traffic always
-trains on fresh batches. A turn's stream entry
+trains on fresh batches. In tenant scope (`trainer.scope`) a batch holds one tenant's turns,
+staleness counts the updates of that tenant's adapter, and the tenant whose turns waited
+longest is packed first. A turn's stream entry
 is acknowledged only once the batch holding it is published (or once it is rejected), so a
 crash loses nothing: the collector's pending entries come back to it on restart, and the
 batch writer refuses turns that were already published. Nothing here waits on the server
@@ -36,7 +38,13 @@ from liveloop.collector.versions import TrainerVersion
 from liveloop.collector.writer import BatchWriter
 from liveloop.config import CollectorConfig, SharedSettings
 from liveloop.contracts import ScoredTurn
-from liveloop.samples import staleness, untrainable, within_staleness
+from liveloop.samples import min_version, staleness, untrainable
+from liveloop.tenants import (
+    TenantVersions,
+    split_tenant_baselines,
+    tenant_baseline_name,
+    valid_tenant,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +74,11 @@ class Collector:
         *,
         metrics: CollectorMetrics | None = None,
         trainer_version: TrainerVersion | None = None,
+        tenant_scope: bool = False,
     ) -> None:
         self.cfg = cfg
+        # Tenant scope: a batch holds one tenant's turns, staleness counts its own versions.
+        self.tenant_versions = TenantVersions(client) if tenant_scope else None
         self.max_staleness = shared.max_staleness
         self.client = client
         self.metrics = metrics or CollectorMetrics()
@@ -88,6 +99,7 @@ class Collector:
             min_task_turns=cfg.baseline_min_task_turns,
             max_tasks=cfg.baseline_max_tasks,
         )
+        self.tenant_baselines: dict[str, Baselines] = {}  # tenant scope: each tenant's own
         self.policy = FlushPolicy(cfg.token_budget, cfg.min_turns, cfg.min_fill, cfg.max_wait_s)
         self.ready: list[PendingSample] = []
         self.held = self.consumer.in_flight  # entries held until their batch is published
@@ -104,7 +116,10 @@ class Collector:
         """Create the consumer group and read the trainer's version."""
         await self.consumer.ensure_group()
         stored: Any = await self.client.hgetall(keys.COLLECTOR_BASELINES)
-        self.baselines.load({str(k): str(v) for k, v in stored.items()})
+        shared, by_tenant = split_tenant_baselines({str(k): str(v) for k, v in stored.items()})
+        self.baselines.load(shared)
+        for tenant, state in by_tenant.items():
+            self._baselines_of(tenant).load(state)
         for judge, baseline in self.baselines.by_judge.items():
             self.metrics.baseline.labels(judge).set(baseline.value)
         if self.baselines.by_judge:
@@ -160,27 +175,76 @@ class Collector:
         now = time.monotonic()
         await self._keep_held(now)
         await self._intake(entries, now)
-        moved: set[str] = set()
+        moved: dict[str | None, set[str]] = {}
         for group in self.groups.pop_closed(now):
-            self.baselines.assign(group)
+            tenant = group[0].turn.tenant if self.tenant_versions is not None else None
+            baselines = self._baselines_of(tenant)
+            baselines.assign(group)
             for p in group:
-                moved.add(p.turn.judge)
+                moved.setdefault(tenant, set()).add(p.turn.judge)
                 self.metrics.reward.labels(str(p.main_version)).observe(p.turn.score)
-                self.metrics.baseline.labels(p.turn.judge).set(
-                    self.baselines.get(p.turn.judge).value
-                )
+                if tenant is None:  # per tenant, the label set would be unbounded
+                    self.metrics.baseline.labels(p.turn.judge).set(
+                        baselines.get(p.turn.judge).value
+                    )
             self.ready.extend(group)
-        if dropped := self.baselines.take_dropped():  # before the write: one may be back
-            await self.client.hdel(keys.COLLECTOR_BASELINES, *dropped)
-        if moved:
-            state: Any = self.baselines.dump(moved)
-            await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)
+        await self._store_baselines(moved)
         await self._flush(now)
         self.metrics.pending.set(len(self.held))
+
+    def _baselines_of(self, tenant: str | None) -> Baselines:
+        """The reward baselines a turn is measured against: in tenant scope its tenant's
+        own (another tenant's scores never enter its advantages), else the shared ones."""
+        if tenant is None:
+            return self.baselines
+        found = self.tenant_baselines.get(tenant)
+        if found is None:
+            b = self.baselines
+            found = Baselines(b.decay, scope=b.scope, min_task_turns=b.min_task_turns,
+                              max_tasks=b.max_tasks)  # fmt: skip
+            self.tenant_baselines[tenant] = found
+        return found
+
+    async def _store_baselines(self, moved: dict[str | None, set[str]]) -> None:
+        """Write the baselines that moved (and drop those no longer kept) in Redis."""
+        named: list[tuple[str | None, Baselines]] = [(None, self.baselines)]
+        named += list(self.tenant_baselines.items())
+        dropped = [tenant_baseline_name(t, n) for t, b in named for n in b.take_dropped()]
+        if dropped:  # before the write: one may be back
+            await self.client.hdel(keys.COLLECTOR_BASELINES, *dropped)
+        state: dict[str, str] = {}
+        for tenant, judges in moved.items():
+            for name, value in self._baselines_of(tenant).dump(judges).items():
+                state[tenant_baseline_name(tenant, name)] = value
+        if state:
+            await self.client.hset(keys.COLLECTOR_BASELINES, mapping=state)  # type: ignore[arg-type]
+
+    async def _forget_tenant(self, tenant: str) -> None:
+        """A deleted tenant: the turns of it held here never make a batch (their entries,
+        deleted from the stream, are acknowledged), and its baselines go."""
+        held = [p for p in self.ready if p.turn.tenant == tenant]
+        held += self.groups.drop_tenant(tenant)
+        self.ready = [p for p in self.ready if p.turn.tenant != tenant]
+        self.tenant_baselines.pop(tenant, None)
+        if held:
+            log.info("tenant %s was deleted: %d held turns dropped", tenant, len(held))
+            self.metrics.dropped.labels("deleted").inc(len(held))
+            await self._release(held)
+
+    def _behind(self, turn: ScoredTurn, version: int) -> int:
+        """How many versions the turn lags: behind the trainer, or, in tenant scope, behind
+        its tenant's adapter (the updates it went through since)."""
+        if self.tenant_versions is not None:
+            return self.tenant_versions.lag(turn.tenant, min_version(turn))
+        return staleness(turn, version)
 
     async def _intake(self, entries: list[bus.Entry], now: float) -> None:
         version = await self.versions.current()
         self.metrics.trainer_version.set(version)
+        if self.tenant_versions is not None:
+            await self.tenant_versions.refresh()
+            for tenant in self.tenant_versions.take_withdrawn():
+                await self._forget_tenant(tenant)
         acks: list[str] = []
         candidates: list[PendingSample] = []
         for entry in entries:
@@ -191,9 +255,16 @@ class Collector:
                 await self.consumer.dead_letter(entry, f"unreadable scored turn: {exc}")
                 continue
             reason = reject_reason(turn)
+            if (
+                reason is None
+                and self.tenant_versions is not None
+                and not valid_tenant(turn.tenant)
+            ):
+                reason = "invalid"
             if reason is None:
-                self.metrics.staleness.observe(max(staleness(turn, version), 0))
-                if not within_staleness(turn, version, self.max_staleness):
+                behind = self._behind(turn, version)
+                self.metrics.staleness.observe(max(behind, 0))
+                if behind > self.max_staleness:
                     reason = "stale"
             if reason is not None:
                 self.metrics.dropped.labels(reason).inc()
@@ -222,7 +293,9 @@ class Collector:
         if not self.policy.worth_packing(self.ready, now):
             return
         version = await self.versions.current()
-        stale = [p for p in self.ready if not within_staleness(p.turn, version, self.max_staleness)]
+        if self.tenant_versions is not None:
+            await self.tenant_versions.refresh()
+        stale = [p for p in self.ready if self._behind(p.turn, version) > self.max_staleness]
         if stale:
             self.metrics.dropped.labels("stale").inc(len(stale))
             await self._release(stale)
@@ -231,9 +304,33 @@ class Collector:
         room = await self._room()
         if not self.ready or room == 0:
             return
+        if self.tenant_versions is not None:
+            await self._flush_tenants(now, version, room)
+            return
         ship, self.ready = self.policy.split(self.ready, now, room)
         for b in ship:
             await self._publish(b, version, now)
+
+    async def _flush_tenants(self, now: float, version: int, room: int | None) -> None:
+        """Batches of one tenant's turns each: the tenant whose turns have waited longest
+        first, one batch per tenant while the trainer's queue is bounded (`room`), so one
+        tenant's burst never holds back the others."""
+        by_tenant: dict[str, list[PendingSample]] = {}
+        for p in self.ready:
+            by_tenant.setdefault(p.turn.tenant, []).append(p)
+        waited = sorted(by_tenant, key=lambda t: min(p.arrived_at for p in by_tenant[t]))
+        self.ready = []
+        for tenant in waited:
+            samples = by_tenant[tenant]
+            if room == 0 or not self.policy.worth_packing(samples, now):
+                self.ready.extend(samples)
+                continue
+            ship, keep = self.policy.split(samples, now, None if room is None else 1)
+            self.ready.extend(keep)
+            for b in ship:
+                await self._publish(b, version, now, tenant)
+            if room is not None:
+                room -= len(ship)
 
     async def _room(self) -> int | None:
         """How many batches may be published now: `max_queued_batches` minus those the
@@ -252,8 +349,9 @@ class Collector:
             self._kept_alive_at = now
             await self.consumer.keep_alive()
 
-    async def _publish(self, b: Bin, version: int, now: float) -> None:
-        result = await self.writer.write([p.to_batch_sample() for p in b.samples], version)
+    async def _publish(self, b: Bin, version: int, now: float, tenant: str | None = None) -> None:
+        samples = [p.to_batch_sample() for p in b.samples]
+        result = await self.writer.write(samples, version, tenant=tenant)
         if result.status in ("ok", "dup"):
             if result.status == "ok":
                 self.metrics.batches.inc()

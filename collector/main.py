@@ -47,12 +47,16 @@ async def serve(
     cfg: CollectorConfig,
     metrics: CollectorMetrics,
     retention: RetentionSettings | None = None,
+    *,
+    tenant_scope: bool = False,
 ) -> None:
     """Run the collector (and stream retention, when given and enabled) until SIGINT/SIGTERM."""
     client = await bus.connect(shared.require_redis("collect"))
     registry_version = RegistryVersion(shared.effective_db_url)
     versions = TrainerVersion(client, poll_s=cfg.version_poll_s, registry_latest=registry_version)
-    collector = Collector(shared, cfg, client, metrics=metrics, trainer_version=versions)
+    collector = Collector(
+        shared, cfg, client, metrics=metrics, trainer_version=versions, tenant_scope=tenant_scope
+    )
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
     # Signals reach only the main thread; embedded in another program's thread, skip them.
@@ -78,9 +82,14 @@ async def serve(
 
 
 def run(
-    shared: SharedSettings, cfg: CollectorConfig, retention: RetentionSettings | None = None
+    shared: SharedSettings,
+    cfg: CollectorConfig,
+    retention: RetentionSettings | None = None,
+    *,
+    tenant_scope: bool = False,
 ) -> None:
-    """Collect (and archive and trim the streams, see `liveloop.bus.retention`) until stopped."""
+    """Collect (and archive and trim the streams, see `liveloop.bus.retention`) until stopped
+    (`tenant_scope`: batches of one tenant's turns each, `trainer.scope = "tenant"`)."""
     metrics = CollectorMetrics(CollectorRegistry())
     health = LoopHealth(metrics.registry, shared.redis_url)
     if shared.metrics_port is not None:
@@ -89,6 +98,6 @@ def run(
         health.start(shared.metrics_port, shared.host)
     try:
         health.mark_ready()
-        asyncio.run(serve(shared, cfg, metrics, retention))
+        asyncio.run(serve(shared, cfg, metrics, retention, tenant_scope=tenant_scope))
     finally:
         health.stop()

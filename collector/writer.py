@@ -86,14 +86,18 @@ class BatchWriter:
         tmp.replace(full)
         return rel
 
-    async def write(self, samples: list[BatchSample], trainer_version: int) -> WriteResult:
-        """Publish one batch (by reference when large) unless it or a turn of it exists."""
+    async def write(
+        self, samples: list[BatchSample], trainer_version: int, *, tenant: str | None = None
+    ) -> WriteResult:
+        """Publish one batch (by reference when large) unless it or a turn of it exists
+        (`tenant`: the one tenant whose turns it holds, in tenant scope)."""
         turn_keys = [s.key for s in samples]
         batch = TrainingBatch(
             batch_id=batch_id_for(turn_keys),
             trainer_version=trainer_version,
             num_tokens=sum(s.num_tokens for s in samples),
             samples=samples,
+            tenant=tenant,
         )
         payload = batch.model_dump_json()
         spilled: Path | None = None
@@ -104,6 +108,8 @@ class BatchWriter:
             batch = batch.model_copy(update={"samples": None, "path": str(spilled)})
             payload = batch.model_dump_json()
         fields = {"data": payload, "batch_id": batch.batch_id, "num_tokens": str(batch.num_tokens)}
+        if tenant is not None:  # an index field: a tenant's batches found without decoding
+            fields["tenant"] = tenant
         result = await self.once.write(
             self.stream, batch.batch_id, fields, members=turn_keys, member_set=self.members_key
         )

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--held-out", action="store_true", help="also replay held-out users against the latest"
     )
     cmds["eval"].add_argument("--json", action="store_true", help="quality as JSON")
+    cmds["eval"].add_argument(
+        "--tenant", metavar="KEY_ID", help="one tenant's adapter versions (its API key id) only"
+    )
     _engine_flags(cmds["serve"])
     judge = cmds["judge"]
     judge.add_argument("--replay", action="store_true", help="re-score historical turns")
@@ -186,7 +189,8 @@ def apply_threads(settings: LiveLoopSettings) -> None:
 def _run_serve(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.server.main import run
 
-    run(settings.shared(), settings.server, settings.auth())
+    archive = settings.retention.archive_path(settings.data_dir)
+    run(settings.shared(), settings.server, settings.auth(), archive_dir=archive)
 
 
 def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
@@ -211,7 +215,8 @@ def _run_judge(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 def _run_collect(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.collector.main import run
 
-    run(settings.shared(), settings.collector, settings.retention)
+    tenant_scope = settings.trainer.tenant_scope
+    run(settings.shared(), settings.collector, settings.retention, tenant_scope=tenant_scope)
 
 
 def _run_train(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
@@ -241,7 +246,7 @@ def _run_demo(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 def _run_eval(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     from liveloop.evaluation import print_quality
 
-    print_quality(settings.effective_db_url, as_json=args.json)
+    print_quality(settings.effective_db_url, as_json=args.json, tenant=args.tenant)
     if args.version is not None or args.held_out:
         from liveloop.demo.heldout import run_eval
 

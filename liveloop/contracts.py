@@ -236,8 +236,13 @@ class WeightsAnnouncement(Contract):
     tenant: str | None = Field(
         None, description="The tenant whose adapter this is (tenant scope); None: shared."
     )
+    withdrawn: bool = Field(
+        False,
+        description="Not a version: the adapter named is withdrawn (its tenant was deleted); "
+        "every server stops serving it and routes the tenant to the shared adapter or the base.",
+    )
 
     @property
     def servable(self) -> bool:
-        """True for a version servers may load (every accepted one)."""
-        return self.status.servable
+        """True for a version servers may load (every accepted one; never a withdrawal)."""
+        return self.status.servable and not self.withdrawn

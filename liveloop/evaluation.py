@@ -3,7 +3,8 @@
 Prints, per version: whether it was served or refused by the promotion gate, and its
 quality on the traffic it served (mean judged reward, share the judges could not score,
 reply words, distinct-2, reference NLL per token, KL to the reference) and on the gate's
-probes (reward, reference NLL, topic rate). `--version V` (or `--held-out`) then also
+probes (reward, reference NLL, topic rate). `--tenant KEY_ID` keeps one tenant's adapter
+versions (tenant scope), beside version 0, the base it is compared with. `--version V` (or `--held-out`) then also
 replays held-out simulated users against one version (`liveloop.demo.heldout.run_eval`).
 """
 
@@ -30,13 +31,19 @@ COLUMNS = (
 )
 
 
-def quality_rows(db_url: str) -> list[dict[str, Any]]:
-    """One row per version known to the registry: status, served and probe measures."""
+def quality_rows(db_url: str, tenant: str | None = None) -> list[dict[str, Any]]:
+    """One row per version known to the registry: status, served and probe measures
+    (with `tenant`, that tenant's versions only, and version 0)."""
     with Registry.open(db_url) as registry:
         stored = {q.version: q for q in registry.version_quality()}
-        infos = {v.version: v for v in registry.list_model_versions(limit=100_000)}
+        infos = {v.version: v for v in registry.list_model_versions(limit=100_000, tenant=tenant)}
+    versions = set(stored) | set(infos)
+    if tenant is not None:
+        if not infos:
+            return []
+        versions = set(infos) | {0}
     rows = []
-    for version in sorted(set(stored) | set(infos)):
+    for version in sorted(versions):
         info, quality = infos.get(version), stored.get(version)
         probe = (quality.probe if quality else None) or {}
         status = info.status if info else probe.get("status")
@@ -76,7 +83,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def print_quality(db_url: str, *, as_json: bool = False) -> None:
-    """Print every version's quality (a table, or JSON)."""
-    rows = quality_rows(db_url)
-    print(json.dumps({"versions": rows}, indent=2) if as_json else format_table(rows))
+def print_quality(db_url: str, *, as_json: bool = False, tenant: str | None = None) -> None:
+    """Print every version's quality, or one tenant's (a table, or JSON)."""
+    rows = quality_rows(db_url, tenant)
+    if as_json:
+        print(json.dumps({"tenant": tenant, "versions": rows} if tenant else {"versions": rows},
+                         indent=2))  # fmt: skip
+    elif tenant is not None and not rows:
+        print(f"no policy versions recorded for tenant {tenant}")
+    else:
+        print(format_table(rows))

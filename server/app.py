@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -58,6 +59,7 @@ def create_app(
     auth: AuthSettings,
     model: LoadedModel | None = None,
     engine: EngineClient | None = None,
+    archive_dir: Path | None = None,
 ) -> FastAPI:
     """The serving app; optionally with an already loaded model (thread engine) or an
     already started engine (the torch worker `liveloop serve` spawned)."""
@@ -71,6 +73,7 @@ def create_app(
         metrics=metrics,
         preloaded=model,
         spawned=engine,
+        archive_dir=archive_dir,
     )
 
     @contextlib.asynccontextmanager

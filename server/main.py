@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -77,8 +78,16 @@ def _protocol(cfg: ServerConfig, app: Any) -> type[asyncio.Protocol]:
     )
 
 
-def run(shared: SharedSettings, cfg: ServerConfig, auth: AuthSettings) -> None:
-    """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError."""
+def run(
+    shared: SharedSettings,
+    cfg: ServerConfig,
+    auth: AuthSettings,
+    *,
+    archive_dir: Path | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM; raises ConfigError/BusUnavailable/ModelLoadError/OSError.
+
+    `archive_dir`: the stream archive, from which a deleted tenant's records are removed."""
     redis_url = shared.require_redis("serve")
     sglang = cfg.sglang
     if cfg.engine == "sglang" and not sglang.urls and not sglang.launch:
@@ -94,7 +103,9 @@ def run(shared: SharedSettings, cfg: ServerConfig, auth: AuthSettings) -> None:
             check_sglang_urls(sglang.urls)
         from liveloop.server.app import create_app
 
-        app = create_app(shared, cfg, auth, **_engine_or_model(shared, cfg))
+        app = create_app(
+            shared, cfg, auth, archive_dir=archive_dir, **_engine_or_model(shared, cfg)
+        )
         config = uvicorn.Config(
             app,
             http=_protocol(cfg, app),

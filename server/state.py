@@ -71,6 +71,7 @@ class ServerState:
     model_name: str = ""
     started_at: float = field(default_factory=time.time)
     capture: bool = True
+    archive_dir: Path | None = None  # the stream archive (a deleted tenant's records go)
     ready: bool = False
     _engine: EngineClient | None = None
     _redis: aredis.Redis | None = None

@@ -72,6 +72,7 @@ def test_no_route_reads_sessions_or_changes_settings(server_url: str) -> None:
         ("GET", "/admin/weights"),
         ("POST", "/admin/weights"),
         ("DELETE", "/admin/adapters/{name}"),
+        ("DELETE", "/admin/tenants/{key_id}"),
         ("GET", "/admin/capture"),
         ("POST", "/admin/capture/pause"),
         ("POST", "/admin/capture/resume"),

@@ -103,12 +103,14 @@ class CheckpointStore:
         adapter: Any | None = None,
         *,
         publish_adapter: str | None = None,
+        tenant: str | None = None,
     ) -> Path:
         """Write version `state.version` atomically; returns its directory.
 
         `model` is the servable weights and `adapter` the peft model trained (LoRA), kept
         beside them to resume from; with `publish_adapter` (its name) the version is the
-        adapter alone, and `model` is not written.
+        adapter alone, and `model` is not written (`tenant`: whose adapter it is, in tenant
+        scope).
         """
         import torch
 
@@ -124,7 +126,7 @@ class CheckpointStore:
         if publish_adapter is not None:
             assert adapter is not None, "publishing an adapter needs the peft model"
             path = self.transport.write_adapter(
-                state.version, adapter, publish_adapter, add_trainer_state
+                state.version, adapter, publish_adapter, add_trainer_state, tenant=tenant
             )
             return Path(path)
         return Path(self.transport.write(state.version, model, tokenizer, add_trainer_state))

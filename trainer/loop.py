@@ -22,6 +22,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,8 @@ class Trainer:
         item = await source.next(self.cfg.read_block_ms)
         if item is None:
             return None, StepMessage("idle")
+        if not await self._take(item, source):
+            return None, StepMessage("idle")
         if item.batch.batch_id in self.state.applied_batches:
             log.info("batch %s was applied before a restart; acknowledging", item.batch.batch_id)
             self.metrics.dropped.labels("duplicate_batch").inc(len(item.samples))
@@ -314,11 +317,21 @@ class Trainer:
             self._updater().objective,
             self.shared.max_staleness,
             self.metrics,
+            lag=self._lag(),
         )
         if not samples:
             await source.done(item)
             return None, StepMessage("idle")
         return item, StepMessage("batch", samples, lr_scale=self.lr_scale)
+
+    async def _take(self, item: ReceivedBatch, source: BatchSource) -> bool:
+        """Whether `item` is trained here (tenant scope: the batch's tenant's adapter is
+        made the one trained first); a batch not taken must be acknowledged here."""
+        return True
+
+    def _lag(self) -> Callable[[BatchSample], int] | None:
+        """How a sample's staleness is measured (None: versions behind `self.version`)."""
+        return None
 
     async def _apply(
         self,
@@ -373,7 +386,8 @@ class Trainer:
         (a version the watch has yet to judge keeps its row until it has been)."""
         await asyncio.to_thread(self.store.prune, decision.protect | {self.version})
         on_disk = frozenset(await asyncio.to_thread(self.store.versions))
-        await asyncio.to_thread(publisher.forget, on_disk, self.guards.awaiting())
+        tenant = self.guards.tenant
+        await asyncio.to_thread(publisher.forget, on_disk, self.guards.awaiting(), tenant=tenant)
 
     async def _revert(self, target: int, applied: list[str]) -> None:
         """Back to `target`'s weights and optimizer (on every rank), keeping the batches

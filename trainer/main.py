@@ -53,7 +53,12 @@ def run(shared: SharedSettings, cfg: TrainerConfig, judging: JudgeConfig) -> Non
     health = LoopHealth(metrics.registry, shared.redis_url)
     if comm.is_main and shared.metrics_port is not None:
         health.start(shared.metrics_port, shared.host)
-    trainer = Trainer(shared, cfg, judging=judging, metrics=metrics, comm=comm)
+    kind = Trainer
+    if cfg.tenant_scope:  # one adapter per tenant (trainer.scope)
+        from liveloop.trainer.tenants import TenantTrainer
+
+        kind = TenantTrainer
+    trainer = kind(shared, cfg, judging=judging, metrics=metrics, comm=comm)
     try:
         health.mark_ready()
         with stop_on_signals(trainer.stop):

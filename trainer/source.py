@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from liveloop.bus.codec import Entry
 from liveloop.config.consumer import ConsumerSettings
 from liveloop.contracts import BatchSample, TrainingBatch, VersionStatus, WeightsAnnouncement
 from liveloop.registry import Registry
-from liveloop.samples import staleness, untrainable, within_staleness
+from liveloop.samples import staleness, untrainable
 from liveloop.trainer.checkpoints import TrainerState
 from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.objectives import Objective
@@ -56,12 +57,14 @@ def trainable_samples(
     objective: Objective,
     max_staleness: int,
     metrics: TrainerMetrics,
+    lag: Callable[[BatchSample], int] | None = None,
 ) -> list[BatchSample]:
     """Valid samples within the staleness bound of `version` (the collector's checks,
     applied again: the trainer may have moved on since the batch was packed).
 
     A sample the objective cannot learn from (the 'opd' objective's turns without a
-    directive hint) is dropped too, counted under the reason the objective gives.
+    directive hint) is dropped too, counted under the reason the objective gives. `lag`
+    measures a sample's staleness otherwise (tenant scope: its tenant's versions since).
     """
     kept = []
     for sample in samples:
@@ -74,10 +77,11 @@ def trainable_samples(
         if reason is not None:
             metrics.dropped.labels(reason).inc()
             continue
-        if not within_staleness(sample, version, max_staleness):
+        behind = lag(sample) if lag is not None else staleness(sample, version)
+        if behind > max_staleness:
             metrics.dropped.labels("stale").inc()
             continue
-        metrics.staleness.observe(max(staleness(sample, version), 0))
+        metrics.staleness.observe(max(behind, 0))
         kept.append(sample)
     return kept
 
@@ -220,16 +224,23 @@ class Publisher:
         for version, reason in reasons.items():
             self.registry.set_model_version_status(version, VersionStatus.ROLLED_BACK, reason)
 
-    def forget(self, on_disk: frozenset[int], keep: frozenset[int] = frozenset()) -> list[int]:
+    def forget(
+        self,
+        on_disk: frozenset[int],
+        keep: frozenset[int] = frozenset(),
+        *,
+        tenant: str | None = None,
+    ) -> list[int]:
         """Drop the accepted versions whose checkpoints are gone from the registry; returns
         them.
 
         Refused and rolled-back versions stay, with their reason: the record of a refusal
         matters more than the checkpoint it refused. A version in `keep` (one the
         served-quality watch has yet to judge) stays until it is no longer there: if the
-        watch finds it bad, the rollback's record needs its row, checkpoint or not.
+        watch finds it bad, the rollback's record needs its row, checkpoint or not. With
+        `tenant`, only that tenant's versions are looked at (`on_disk` is its own).
         """
-        accepted = self.registry.list_model_versions(status=VersionStatus.ACCEPTED)
+        accepted = self.registry.list_model_versions(status=VersionStatus.ACCEPTED, tenant=tenant)
         gone = sorted(v.version for v in accepted if v.version not in on_disk | keep)
         for version in gone:
             self.registry.delete_model_version(version)

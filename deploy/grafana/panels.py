@@ -283,6 +283,18 @@ LEARNING = DashboardSpec(
               "reference NLL, KL, topic rate, words).",
               [("max by (measure) (liveloop_gate_probe)", "{{measure}}")], kind="bargauge"),
         ]),
+        RowSpec("Tenants (tenant scope: one adapter per tenant, the busiest by name)", [
+            P("Reward per tenant", "Mean judged reward of each tenant's last trained batch.",
+              [("max by (tenant) (liveloop_tenant_reward)", "{{tenant}}")]),
+            P("Adapter version per tenant", "The version each tenant's adapter is at.",
+              [("max by (tenant) (liveloop_tenant_version)", "{{tenant}}")]),
+            P("Refusals and rollbacks per tenant", "Versions of each tenant's adapter the gate "
+              "refused, and rollbacks by the served-quality watch, in the time range.",
+              [("sum by (tenant) (increase(liveloop_tenant_refusals_total[$__range]))",
+                "{{tenant}} refused"),
+               ("sum by (tenant) (increase(liveloop_tenant_rollbacks_total[$__range]))",
+                "{{tenant}} rolled back")], kind="bargauge"),
+        ]),
     ],
 )
 

@@ -92,6 +92,17 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
             raise ValueError("admin_key must differ from every API key in api_keys")
         return self
 
+    @model_validator(mode="after")
+    def _tenant_scope_needs_served_adapters(self) -> Self:
+        """Tenant scope publishes adapters; an SGLang engine must be able to serve them."""
+        sglang = self.server.engine == "sglang"
+        if self.trainer.tenant_scope and sglang and not self.server.sglang.enable_lora:
+            raise ValueError(
+                "trainer.scope = 'tenant' serves one adapter per tenant: with server.engine = "
+                "'sglang' set server.sglang.enable_lora = true (or trainer.scope = 'shared')"
+            )
+        return self
+
     def shared(self) -> SharedSettings:
         """The shared part, for a loop (no section, no secret)."""
         return SharedSettings.model_validate(

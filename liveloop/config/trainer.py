@@ -28,7 +28,8 @@ class LoraSettings(Section):
     adapter_name: str = Field(
         "policy",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        description="The name the adapter is announced and served under (publish = 'adapter').",
+        description="The name the adapter is announced and served under (publish = 'adapter', "
+        "shared scope; in tenant scope each tenant's adapter is named after its key id).",
     )
 
 
@@ -36,6 +37,20 @@ class TrainerConfig(Section):
     """Decoupled PPO hyper-parameters and checkpoint publishing."""
 
     device: str = Field("cpu", description="Torch device for training.")
+    scope: Literal["shared", "tenant"] = Field(
+        "shared",
+        description="Whose traffic a version learns from: 'shared', one policy from every "
+        "tenant's judged turns; 'tenant', one LoRA adapter per tenant (API key id), named "
+        "after it and trained only on its own turns, gated, rolled back and deleted on its "
+        "own (needs trainer.lora.enabled and adapter publishing).",
+    )
+    max_warm_tenants: int = Field(
+        16,
+        ge=1,
+        description="In tenant scope, how many tenants' adapters and optimizer states are "
+        "kept in memory; past it the least recently trained tenant's are dropped and read "
+        "back from its newest checkpoint on its next batch.",
+    )
     publish: Literal["adapter", "merged"] | None = Field(
         None,
         description="What a version's checkpoint holds: 'adapter', the LoRA adapter alone in "
@@ -140,7 +155,18 @@ class TrainerConfig(Section):
                 "publish = 'adapter' needs LoRA training: set trainer.lora.enabled = true "
                 "(or publish = 'merged')"
             )
+        if self.scope == "tenant" and not self.publishes_adapters:
+            raise ValueError(
+                "trainer.scope = 'tenant' trains one LoRA adapter per tenant: set "
+                "trainer.lora.enabled = true and leave trainer.publish unset or 'adapter' "
+                "(or set trainer.scope = 'shared')"
+            )
         return self
+
+    @property
+    def tenant_scope(self) -> bool:
+        """True when each tenant's adapter learns from that tenant's turns alone."""
+        return self.scope == "tenant"
 
     @property
     def publishes_adapters(self) -> bool:

@@ -1,14 +1,20 @@
-"""Admin routes (admin key only): weights served and loaded, trace capture on/off."""
+"""Admin routes (admin key only): weights served and loaded, trace capture on/off, and a
+tenant's deletion."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from liveloop import bus
+from liveloop.contracts import VersionStatus, WeightsAnnouncement
 from liveloop.server.api.deps import AdminDep, StateDep
 from liveloop.server.api.errors import APIError, error_responses
+from liveloop.tenant_removal import TenantRemoval
+from liveloop.tenants import valid_tenant
 from liveloop.weights import CheckpointError
 
 router = APIRouter(
@@ -90,6 +96,38 @@ async def unload_adapter(name: str, state: StateDep) -> dict[str, Any]:
         raise APIError(404, f"no adapter {name!r} is served", param="name", code="not_found")
     await state.follower.unload_adapter(name)
     return {"adapters": state.engine.adapters()}
+
+
+@router.delete("/tenants/{key_id}", responses=error_responses(404))
+async def delete_tenant(key_id: str, state: StateDep) -> dict[str, Any]:
+    """Forget a tenant (an API key id): stop serving its adapters, and remove its turns,
+    judged turns, batches, sessions, checkpoints, registry rows and archived records
+    (`liveloop.tenant_removal`). A tenant with neither a configured key nor anything left
+    is a 404; deleting one again removes nothing and answers the same way."""
+    if not valid_tenant(key_id):
+        raise APIError(404, f"no tenant {key_id!r}", param="key_id", code="not_found")
+    served = state.engine.adapters()
+    adapters = {a for a in (state.follower.routing.by_tenant.get(key_id), key_id) if a in served}
+    known = key_id in state.auth.tenants or bool(adapters)
+    for name in sorted(adapters):
+        await state.follower.withdraw(name, key_id)
+    state.follower.routing.forget_tenant(key_id)
+    removal = TenantRemoval(
+        state.redis,
+        checkpoints_dir=state.shared.checkpoints_dir,
+        data_dir=state.shared.data_dir,
+        archive_dir=state.archive_dir,
+        db_url=state.shared.effective_db_url,
+    )
+    report = await removal.remove(key_id)
+    for name in sorted(adapters | {key_id}):  # every other server unloads it too
+        withdrawal = WeightsAnnouncement(version=0, path="", kind="adapter", adapter=name,
+                                         tenant=key_id, withdrawn=True,
+                                         status=VersionStatus.REJECTED, reason="tenant deleted")  # fmt: skip
+        await bus.publish(state.redis, bus.WEIGHTS, withdrawal)
+    if not known and not report.found:
+        raise APIError(404, f"no tenant {key_id!r}", param="key_id", code="not_found")
+    return {"tenant": key_id, "adapters_unloaded": sorted(adapters), **dataclasses.asdict(report)}
 
 
 @router.get("/capture")

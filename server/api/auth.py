@@ -43,6 +43,11 @@ class Authenticator:
         self._admin = _digest(admin_key) if admin_key else None
 
     @property
+    def tenants(self) -> frozenset[str]:
+        """The tenant ids of the configured API keys."""
+        return frozenset(self._tenants.values())
+
+    @property
     def open(self) -> bool:
         """True when no API keys are configured (anyone may call, as 'anonymous')."""
         return not self._tenants

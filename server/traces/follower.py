@@ -245,6 +245,13 @@ class WeightFollower:
             await self.engine.unload_adapter(name)
             log.info("adapter %s unloaded", name)
 
+    async def withdraw(self, adapter: str | None, tenant: str | None) -> None:
+        """An adapter withdrawn (its tenant deleted): unloaded if served, nobody routed to it."""
+        if tenant is not None:
+            self.routing.forget_tenant(tenant)
+        if adapter is not None and adapter in self.engine.adapters():
+            await self.unload_adapter(adapter)
+
     def _record_refusal(
         self, path: str, version: int, exc: Exception, adapter: str | None = None
     ) -> None:
@@ -306,7 +313,9 @@ class WeightFollower:
         """
         announcements: list[WeightsAnnouncement] = []
         for ann in announced:
-            if ann.servable:
+            if ann.withdrawn:
+                await self.withdraw(ann.adapter, ann.tenant)
+            elif ann.servable:
                 announcements.append(ann)
             elif all(r["version"] != ann.version for r in self.rejected):
                 self.rejected.append({"version": ann.version, "path": ann.path,

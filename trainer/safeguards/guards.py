@@ -47,8 +47,11 @@ class Safeguards:
         shared: SharedSettings,
         judging: JudgeConfig,
         metrics: TrainerMetrics,
+        *,
+        tenant: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tenant = tenant  # tenant scope: probe with this tenant's own traffic only
         self.shared = shared
         self.judging = judging
         self.metrics = metrics
@@ -86,7 +89,9 @@ class Safeguards:
         """Draw the probes; probe version 0 and the serving version once, before any update."""
         if self.probe_source is None:
             return None
-        source = self.probe_source(ProbeContext(self.cfg.gate, self.shared, redis))
+        source = self.probe_source(
+            ProbeContext(self.cfg.gate, self.shared, redis, tenant=self.tenant)
+        )
         panel = build_panel(self.judging, self.shared)
         sense = self.cfg.gate.sense
         check = LLMSenseCheck.from_settings(sense) if sense.base_url else None
