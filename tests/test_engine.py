@@ -447,3 +447,22 @@ async def test_prefix_cache_cleared_by_swap(model_copy: PreTrainedModel, tiny: L
         assert [t.token_id for t in again] == [t.token_id for t in out]
     finally:
         await eng.stop()
+
+
+async def test_a_flood_of_cached_one_token_requests_holds_back_no_swap(
+    model_copy: PreTrainedModel, tiny: LoadedModel
+) -> None:
+    """Prompts found in the prefix cache cost one token of the prefill budget and one-token
+    requests leave the batch at once: admitting them must still yield to a waiting swap."""
+    eng = TorchEngine(model_copy, tiny.tokenizer, max_batch_size=4, version=1)
+    await eng.start()
+    try:
+        await collect(eng, PROMPTS[3], greedy(1))  # the prompt is in the prefix cache now
+        flood = [asyncio.create_task(collect(eng, PROMPTS[3], greedy(1))) for _ in range(300)]
+        await asyncio.sleep(0)  # every request queued before the swap
+        await eng.swap_weights(perturbed(model_copy), version=2)
+        versions = [out[0].version for out in await asyncio.gather(*flood)]
+        assert versions.count(1) <= 16, versions.count(1)  # a few iterations' admissions
+        assert versions.count(2) >= 284 and set(versions) <= {1, 2}
+    finally:
+        await eng.stop()

@@ -120,10 +120,20 @@ class DecodeLoop:
         """Prefill the oldest waiting request, at most `prefill_chunk_tokens` per iteration.
 
         Chunking bounds how long a long prompt stalls the running requests' next token. A
-        fully prefilled prompt joins the batch and emits its first token.
+        fully prefilled prompt joins the batch and emits its first token. An iteration
+        admits at most `max_batch_size` prompts and none once a weight swap is waiting: a
+        prompt found in the prefix cache costs almost nothing of the budget and a one-token
+        request leaves the batch at once, so a stream of them would otherwise hold back the
+        running requests' next token and every swap.
         """
-        budget = self._prefill_chunk
-        while budget > 0 and len(self._running) < self._max_batch_size:
+        budget, admitted = self._prefill_chunk, 0
+        while (
+            budget > 0
+            and admitted < self._max_batch_size
+            and len(self._running) < self._max_batch_size
+            and not self._swaps
+        ):
+            admitted += 1
             req = self._next_request()
             if req is None:
                 return
