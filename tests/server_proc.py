@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,22 @@ class ServerProcess:
 def db_url(base_url: str, db: int) -> str:
     """The same Valkey server, another logical database (isolates one test module)."""
     return base_url.rsplit("/", 1)[0] + f"/{db}"
+
+
+@contextlib.contextmanager
+def keyed_server(valkey_url: str, db: int, workdir: Path) -> Iterator[ServerProcess]:
+    """A server of its own on an emptied logical database `db`, with the API keys
+    `API_KEYS` and the admin key `ADMIN_KEY`; stopped on the way out."""
+    url = db_url(valkey_url, db)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    env = {"LIVELOOP_API_KEYS": ",".join(API_KEYS), "LIVELOOP_ADMIN_KEY": ADMIN_KEY}
+    proc = ServerProcess(url, workdir, env=env).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
 
 
 def tenant_of(key: str) -> str:

@@ -19,7 +19,7 @@ from liveloop.contracts import TurnRecord, WeightsAnnouncement
 from liveloop.models import load_model
 from liveloop.server.api.auth import tenant_id
 from liveloop.valkey import EmbeddedValkey
-from tests.server_proc import ADMIN_KEY, API_KEYS, ServerProcess, db_url
+from tests.server_proc import ADMIN_KEY, API_KEYS, ServerProcess, keyed_server
 from tests.support.adapters import make_adapter
 
 DB = 12
@@ -39,14 +39,8 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def server(
     valkey_server: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    url = db_url(valkey_server.url, DB)
-    redis.Redis.from_url(url).flushdb()
-    env = {"LIVELOOP_API_KEYS": ",".join(API_KEYS), "LIVELOOP_ADMIN_KEY": ADMIN_KEY}
-    proc = ServerProcess(url, tmp_path_factory.mktemp("srv"), env=env).start()
-    try:
+    with keyed_server(valkey_server.url, DB, tmp_path_factory.mktemp("srv")) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _admin(server: ServerProcess, method: str, path: str, **kw: Any) -> httpx.Response:

@@ -18,7 +18,7 @@ from liveloop.config import load_settings
 from liveloop.contracts import ScoredTurn, TurnRecord
 from liveloop.trainer.tenants import TenantTrainer
 from liveloop.valkey import EmbeddedValkey
-from tests.server_proc import ADMIN_KEY, API_KEYS, ServerProcess, db_url
+from tests.server_proc import ServerProcess, keyed_server
 from tests.test_tenant_isolation import FAST, LORA, QUESTIONS, A, B, _ask, _replies, _served
 
 pytestmark = pytest.mark.slow  # a server and one update: about a minute
@@ -30,14 +30,8 @@ DB = 14
 def server(
     valkey_server: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    url = db_url(valkey_server.url, DB)
-    redis.Redis.from_url(url).flushdb()
-    env = {"LIVELOOP_API_KEYS": ",".join(API_KEYS), "LIVELOOP_ADMIN_KEY": ADMIN_KEY}
-    proc = ServerProcess(url, tmp_path_factory.mktemp("srv"), env=env).start()
-    try:
+    with keyed_server(valkey_server.url, DB, tmp_path_factory.mktemp("srv")) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _turns_of(server: ServerProcess, tenant: str, count: int) -> list[TurnRecord]:

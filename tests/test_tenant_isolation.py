@@ -28,7 +28,7 @@ from liveloop.models import load_model
 from liveloop.registry import Registry
 from liveloop.server.api.auth import tenant_id
 from liveloop.valkey import EmbeddedValkey
-from tests.server_proc import ADMIN_KEY, API_KEYS, ServerProcess, db_url
+from tests.server_proc import ADMIN_KEY, API_KEYS, ServerProcess, keyed_server
 from tests.support.adapters import make_adapter
 
 pytestmark = pytest.mark.slow  # one server for the module, about a minute in all
@@ -45,14 +45,8 @@ LORA = {"enabled": True, "rank": 4, "alpha": 8}
 def server(
     valkey_server: EmbeddedValkey, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    url = db_url(valkey_server.url, DB)
-    redis.Redis.from_url(url).flushdb()
-    env = {"LIVELOOP_API_KEYS": ",".join(API_KEYS), "LIVELOOP_ADMIN_KEY": ADMIN_KEY}
-    proc = ServerProcess(url, tmp_path_factory.mktemp("srv"), env=env).start()
-    try:
+    with keyed_server(valkey_server.url, DB, tmp_path_factory.mktemp("srv")) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

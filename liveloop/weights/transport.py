@@ -179,25 +179,12 @@ class SharedDiskTransport(WeightTransport):
         extra: Callable[[Path], None] | None = None,
     ) -> str:
         """Write `v<version>/` atomically (temporary dir, then rename); its absolute path."""
-        root = self._root()
-        root.mkdir(parents=True, exist_ok=True)
-        final = self.path_for(version)
-        tmp = root / f".v{version}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
+
+        def fill(tmp: Path) -> None:
             model.save_pretrained(str(tmp))
             self._link_tokenizer(tokenizer, tmp)
-            if extra is not None:
-                extra(tmp)
-            if final.exists():
-                log.warning("replacing existing checkpoint %s", final)
-                shutil.rmtree(final)
-            tmp.rename(final)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return str(final)
+
+        return self._write_atomically(version, fill, extra)
 
     def write_adapter(
         self,
@@ -209,6 +196,22 @@ class SharedDiskTransport(WeightTransport):
     ) -> str:
         """Write `v<version>/` as a PEFT adapter (a peft model's trainable adapter only),
         named `adapter` (`tenant`'s, in tenant scope), atomically; its absolute path."""
+
+        def fill(tmp: Path) -> None:
+            adapter_model.save_pretrained(str(tmp))
+            meta = {"adapter": adapter, "version": version, "tenant": tenant}
+            (tmp / ADAPTER_META).write_text(json.dumps(meta))
+
+        return self._write_atomically(version, fill, extra)
+
+    def _write_atomically(
+        self,
+        version: int,
+        fill: Callable[[Path], None],
+        extra: Callable[[Path], None] | None,
+    ) -> str:
+        """`fill` then `extra` write into a temporary directory, renamed to `v<version>/`
+        (replacing one there); a failure leaves no partial directory. Its absolute path."""
         root = self._root()
         root.mkdir(parents=True, exist_ok=True)
         final = self.path_for(version)
@@ -216,12 +219,11 @@ class SharedDiskTransport(WeightTransport):
         if tmp.exists():
             shutil.rmtree(tmp)
         try:
-            adapter_model.save_pretrained(str(tmp))
-            meta = {"adapter": adapter, "version": version, "tenant": tenant}
-            (tmp / ADAPTER_META).write_text(json.dumps(meta))
+            fill(tmp)
             if extra is not None:
                 extra(tmp)
             if final.exists():
+                log.warning("replacing existing checkpoint %s", final)
                 shutil.rmtree(final)
             tmp.rename(final)
         finally:
