@@ -84,6 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="demo preset: a name (" + ", ".join(presets.available()) + ") or a .toml file "
         "(default: the model's own preset, else smollm2-135m's)",
     )
+    cmds["demo"].add_argument(
+        "--tenants",
+        type=int,
+        help="personal agents: this many tenants with conflicting house styles, each with its "
+        "own API key (default preset: tenants), run in tenant scope and then in shared scope",
+    )
+    cmds["demo"].add_argument(
+        "--scope",
+        choices=("tenant", "shared"),
+        help="with tenants: run this trainer scope only (default: both, one after the other)",
+    )
     cmds["eval"].add_argument(
         "--version", type=int, help="also replay held-out users against this policy version"
     )
@@ -161,6 +172,10 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
     for key in ("minutes", "users"):
         if getattr(args, key, None) is not None:
             demo[key] = getattr(args, key)
+    if getattr(args, "tenants", None) is not None:
+        demo["tenants"] = args.tenants
+    if getattr(args, "scope", None):
+        demo["scopes"] = [args.scope]
     if getattr(args, "objective", None):
         demo["objectives"] = [o.strip() for o in args.objective.split(",") if o.strip()]
     if demo:
@@ -176,7 +191,8 @@ def config_files(args: argparse.Namespace, model: str) -> list[Path]:
     """The TOML files a command reads: yours, under the demo's preset for `demo`."""
     files = list(args.config or [])
     if args.command == "demo":
-        files.insert(0, presets.demo_preset(model, args.preset))
+        asked = args.preset or ("tenants" if args.tenants else None)
+        files.insert(0, presets.demo_preset(model, asked))
     return files
 
 

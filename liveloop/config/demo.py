@@ -1,5 +1,7 @@
 """Settings of `liveloop demo` and `liveloop eval`."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from liveloop.config.base import Section
@@ -26,6 +28,21 @@ class DemoConfig(Section):
         min_length=1,
         description="Training objectives to run, one after the other, each for `minutes` with "
         "the same users; the report compares their reward curves when there are several.",
+    )
+    tenants: int = Field(
+        0,
+        ge=0,
+        le=32,
+        description="Tenants, each with an API key of its own and users who all hold its house "
+        "style (brief, explained, weather tool, then again in turn): the personal-agents demo, "
+        "run once per scope in `scopes` and reported as a matrix. 0: one population, no keys.",
+    )
+    scopes: list[Literal["tenant", "shared"]] = Field(
+        default_factory=lambda: list[Literal["tenant", "shared"]](["tenant", "shared"]),
+        min_length=1,
+        description="With tenants: the trainer scopes to run, one after the other, each for "
+        "`minutes` with the same tenants and users ('tenant': an adapter per tenant; 'shared': "
+        "one policy learning from every tenant's turns).",
     )
     sense_model: str | None = Field(
         None,

@@ -23,7 +23,7 @@ from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.demo.examples import hint_examples
 from liveloop.demo.measures import reply_quality
-from liveloop.demo.preferences import make_population
+from liveloop.demo.preferences import WordLimit, make_population
 from liveloop.demo.report import JudgedTurn
 from liveloop.demo.users import UserRun, UserStats, run_population
 from liveloop.supervisor import Supervisor
@@ -86,13 +86,29 @@ def held_out_reward(stats: UserStats) -> dict[str, Any]:
 def evaluate(base_url: str, model: str, seed: int) -> dict[str, Any]:
     """Held-out simulated users (a different seed) against whatever the server serves now."""
     defaults = model_defaults(model)
-    run = UserRun(base_url=base_url, model=model, max_tokens=defaults.reply_tokens, record=False)
     people = make_population(
         EVAL_USERS, seed + 10_000, defaults.word_limits, strict=defaults.has_language
     )
+    return evaluate_people(base_url, model, people, seed)
+
+
+def evaluate_people(
+    base_url: str,
+    model: str,
+    people: list[WordLimit],
+    seed: int,
+    api_key: str = "none",
+    turns_per_user: int = EVAL_TURNS_PER_USER,
+) -> dict[str, Any]:
+    """These held-out users (seeded apart from the demo's), with this API key, against what
+    the server serves that key now; nothing they say is recorded."""
+    max_tokens = model_defaults(model).reply_tokens
+    run = UserRun(
+        base_url=base_url, model=model, max_tokens=max_tokens, record=False, api_key=api_key
+    )
     stats = asyncio.run(
         run_population(
-            run, people, seconds=600, seed=seed + 10_000, max_turns_per_user=EVAL_TURNS_PER_USER
+            run, people, seconds=600, seed=seed + 10_000, max_turns_per_user=turns_per_user
         )
     )
     return held_out_reward(stats)

@@ -140,7 +140,8 @@ class Reaction:
     reason: str
 
 
-def _say(rng: random.Random, options: tuple[str, ...], **fill: Any) -> str:
+def say(rng: random.Random, options: tuple[str, ...], **fill: Any) -> str:
+    """One of `options`, chosen by `rng`, with its placeholders filled in."""
     return rng.choice(options).format(**fill)
 
 
@@ -175,15 +176,15 @@ class WordLimit:
         )
         topic = topic_asked.name if topic_asked else "that"
         if self.strict and reading.problem is not None:
-            return Reaction(_say(rng, COMPLAINTS[reading.problem], t=topic), -1.0, reading.problem)
+            return Reaction(say(rng, COMPLAINTS[reading.problem], t=topic), -1.0, reading.problem)
         wish = self.wish(question, reply, reading, rng)
         if wish is not None:
             return wish
         if reading.words <= self.limit:
-            return Reaction(_say(rng, APPROVALS), 1.0, "pleased")
+            return Reaction(say(rng, APPROVALS), 1.0, "pleased")
         if reading.words <= self.limit + NEARLY_MARGIN:
-            return Reaction(_say(rng, LUKEWARM), 0.0, "nearly")
-        return Reaction(_say(rng, TOO_LONG, n=self.limit), -1.0, "too_long")
+            return Reaction(say(rng, LUKEWARM), 0.0, "nearly")
+        return Reaction(say(rng, TOO_LONG, n=self.limit), -1.0, "too_long")
 
     def wish(
         self, question: Question, reply: str, reading: ReplyReading, rng: random.Random
@@ -204,7 +205,7 @@ class Opening(WordLimit):
         """The first three words must name the topic."""
         if question.topic is None or mentions(letter_words(reply)[:3], question.topic.forms):
             return None
-        return Reaction(_say(rng, WANTS_OPENING, t=question.topic.name), -1.0, "opening")
+        return Reaction(say(rng, WANTS_OPENING, t=question.topic.name), -1.0, "opening")
 
 
 @dataclass
@@ -219,7 +220,7 @@ class OneSentence(WordLimit):
         """More than one sentence gets a correction."""
         if sentences(reply) <= 1:
             return None
-        return Reaction(_say(rng, WANTS_ONE_SENTENCE), -1.0, "one_sentence")
+        return Reaction(say(rng, WANTS_ONE_SENTENCE), -1.0, "one_sentence")
 
 
 @dataclass
@@ -240,12 +241,12 @@ class WeatherAsker(WordLimit):
         if question.city is None:
             return super().react(question, reply, rng)
         if tool_result is None:
-            return Reaction(_say(rng, WANTS_TOOL), -1.0, "no_tool")
+            return Reaction(say(rng, WANTS_TOOL), -1.0, "no_tool")
         facts = frozenset(letter_words(KNOWN_CITIES[question.city].lower()))
         weather = Question(question.text, topic=Topic("the weather", facts, 0))
         reaction = super().react(weather, reply, rng)
         if reaction.reason == "off_topic":
-            return Reaction(_say(rng, WRONG_WEATHER), -1.0, "wrong_weather")
+            return Reaction(say(rng, WRONG_WEATHER), -1.0, "wrong_weather")
         return reaction
 
 

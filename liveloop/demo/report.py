@@ -48,6 +48,9 @@ class JudgedTurn:
     hint: str | None = None  # the judge's directive hint, if any
     messages: list[dict[str, Any]] | None = None  # the request (kept for hinted turns only)
     tools: list[dict[str, Any]] | None = None
+    tenant: str = ""  # the API key id it was served to
+    adapter: str | None = None  # the LoRA adapter that served it (None: the base weights)
+    key: str = ""  # session, turn and sample: what a batch sample names it by
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -86,6 +89,9 @@ def read_judged(redis_url: str) -> list[JudgedTurn]:
                         hint=hint,
                         messages=turn.messages if hint else None,
                         tools=turn.tools if hint else None,
+                        tenant=turn.tenant,
+                        adapter=turn.adapter,
+                        key=turn.key,
                     )
                 )
     finally:

@@ -79,7 +79,13 @@ def run_demo(
     sense: SenseCheckFactory | None = None,
 ) -> None:
     """The whole demo, one run per objective; prints where the report landed. `sense`
-    builds the sense check of `demo.sense_model` (the CLI passes the LLM judge's)."""
+    builds the sense check of `demo.sense_model` (the CLI passes the LLM judge's). With
+    `demo.tenants`, the tenants demo instead (`liveloop.demo.tenants`)."""
+    if settings.demo.tenants:
+        from liveloop.demo.tenants import run_tenant_demo
+
+        run_tenant_demo(settings, config_files=config_files, quiet=quiet)
+        return
     out_dir = settings.data_dir / "demo"
     runs = []
     for i, objective in enumerate(demo_objectives(settings)):
@@ -195,9 +201,8 @@ def _run_loops(
         )
         title = f"LiveLoop demo ({objective})"
         with LiveView(supervisor, quiet=quiet, title=title) as view:
-            stats = _drive(
-                run,
-                people,
+            (stats,) = drive(
+                [(run, people)],
                 seconds,
                 settings.demo.seed,
                 supervisor,
@@ -241,42 +246,47 @@ def _add_wall_clock(summary: dict[str, Any], turns: list[JudgedTurn], started_at
     )
 
 
-def _drive(
-    run: UserRun,
-    people: list[Any],
+def drive(
+    groups: list[tuple[UserRun, list[Any]]],
     seconds: float,
     seed: int,
     supervisor: Supervisor,
     view: Any,
     max_judged_turns: int | None = None,
     turns_per_update: int | None = None,
-) -> UserStats:
-    """Run the population while keeping the loops up and the live view fresh."""
+) -> list[UserStats]:
+    """Run populations side by side (one per group: how it talks to the server, its users)
+    while keeping the loops up and the live view fresh; what each group saw, in order."""
     counter = bus.redis_client_sync(supervisor.redis_url)
     scored = bus.stream_key(bus.SCORED)
     pacer = Pacer(counter, turns_per_update) if turns_per_update else None
     if pacer is not None:
-        run = dataclasses.replace(run, pace=pacer.wait)
+        groups = [(dataclasses.replace(run, pace=pacer.wait), people) for run, people in groups]
+    users = sum(len(people) for _run, people in groups)
 
-    async def main() -> UserStats:
-        stats = UserStats()
-        task = asyncio.create_task(
-            run_population(run, people, seconds=seconds, seed=seed, stats=stats)
-        )
+    async def main() -> list[UserStats]:
+        stats = [UserStats() for _ in groups]
+        tasks = [
+            asyncio.create_task(
+                run_population(run, people, seconds=seconds, seed=seed + 101 * i, stats=stats[i])
+            )
+            for i, (run, people) in enumerate(groups)
+        ]
         t0 = time.monotonic()
-        while not task.done():
+        while not all(task.done() for task in tasks):
             for event in supervisor.check():
                 view.event(event)
-            view.extra["demo"] = (
-                f"{time.monotonic() - t0:.0f}s of {seconds:.0f}s, {len(people)} users"
-            )
+            view.extra["demo"] = f"{time.monotonic() - t0:.0f}s of {seconds:.0f}s, {users} users"
             view.refresh()
             if max_judged_turns is not None and int(counter.xlen(scored)) >= max_judged_turns:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
                 return stats
             await asyncio.sleep(1.0)
-        return task.result()
+        for task in tasks:
+            task.result()
+        return stats
 
     try:
         return asyncio.run(main())
