@@ -6,6 +6,14 @@ could split it differently), so instead the prompt becomes the previous prompt i
 sampled completion ids + the ids of the new part only, provided the chat template makes the
 text of that equal to a fresh render. Otherwise the fresh render is used. Which one
 happened is recorded in each turn as `prompt_mode`.
+
+A reply that the server turned into `tool_calls` comes back from the client as structured
+calls, which the chat template writes its own way (Qwen's: `<tool_call>` blocks), while the
+model may have written the call otherwise (a fenced JSON object). A fresh render would then
+show the model a call it never wrote, and a small model shown someone else's call tends to
+call again rather than answer. So a follow-up to such a reply is extended too: the model's
+own sampled call, then what the template puts after that reply (its tool results, a user
+message), exactly as a fresh render would.
 """
 
 from __future__ import annotations
@@ -76,13 +84,42 @@ class PromptBuilder:
             return None
         served_text = self.decode(served)
         fresh_text = self.template.render_text(messages, tools)
-        if not fresh_text.startswith(served_text) or len(fresh_text) == len(served_text):
+        if fresh_text.startswith(served_text) and len(fresh_text) > len(served_text):
+            new_part: str | None = fresh_text[len(served_text) :]
+        else:
+            new_part = self._after_sampled_call(messages, tools, previous, fresh_text)
+        if not new_part:
             return None
-        new_part = fresh_text[len(served_text) :]
         new_ids = self.template.encode(new_part)
         if self.decode(new_ids) != new_part:  # the tokenizer must round-trip the new part
             return None
         return served + list(new_ids)
+
+    def _after_sampled_call(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        previous: PreviousTurn,
+        fresh_text: str,
+    ) -> str | None:
+        """The text after the previous reply when that reply is the conversation's last
+        assistant message, has tool calls, and ended its turn with a special token: what
+        the template writes after that token, then the rest of the fresh render. None when
+        the template's own rendering of the conversation does not split there."""
+        k = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        if k < 0 or k == len(messages) - 1 or not messages[k].get("tool_calls"):
+            return None
+        end_id = previous.completion_token_ids[-1]
+        if end_id not in set(getattr(self.tokenizer, "all_special_ids", ())):
+            return None  # the sample was cut off (max_tokens): it never ended its turn
+        head = self.template.render_text(messages[:k], tools)
+        through = self.template.render_text(messages[: k + 1], tools, add_generation_prompt=False)
+        if not through.startswith(head) or not fresh_text.startswith(through):
+            return None
+        reply, end = through[len(head) :], self.decode([end_id])
+        if end not in reply:
+            return None
+        return reply[reply.rindex(end) + len(end) :] + fresh_text[len(through) :]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Exact text of token ids, special tokens included, no clean-up."""

@@ -153,3 +153,45 @@ def test_api_keys_map_to_tenants() -> None:
     with pytest.raises(APIError) as err:
         open_auth.check_admin("anything")
     assert err.value.status == 403
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_a_follow_up_to_a_call_keeps_the_call_as_the_model_sampled_it(tokenizer: Any) -> None:
+    """The client sends the call back as `tool_calls`, which the template writes in its own
+    form; the follow-up's prompt still holds the model's own sampled call (a fenced JSON
+    object here), then the tool result as a fresh render would write it."""
+    template = ChatTemplate(tokenizer)
+    builder = PromptBuilder(template, tokenizer)
+    tools = [WEATHER_TOOL]
+    ask: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo?"}]
+    prompt = builder.build(ask, tools, None)
+    sampled = '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'
+    completion = [*tokenizer.encode(sampled, add_special_tokens=False), tokenizer.eos_token_id]
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    follow = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Oslo: snow, -3 C"},
+    ]
+    previous = PreviousTurn("s", 0, 0, prompt.token_ids, completion)
+    built = builder.build(follow, tools, previous)
+    assert built.mode == "extended"
+    served = len(prompt.token_ids) + len(completion)
+    assert built.token_ids[:served] == prompt.token_ids + completion
+    fresh = template.render_text(follow, tools)
+    through = template.render_text(follow[:2], tools, add_generation_prompt=False)
+    assert sampled not in fresh  # a fresh render would show the template's form of the call
+    assert builder.decode(built.token_ids[served:]) == "\n" + fresh[len(through) :]
+    cut_off = PreviousTurn("s", 0, 0, prompt.token_ids, completion[:-1])  # hit max_tokens
+    assert builder.build(follow, tools, cut_off).mode == "fresh"
+    no_result_yet = follow[:2]  # nothing after the call: nothing to extend with
+    assert builder.build(no_result_yet, tools, previous).mode == "fresh"
