@@ -290,7 +290,7 @@ def _run_redis(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
 def _run_key_id(settings: LiveLoopSettings, args: argparse.Namespace) -> None:
     """Key ids for `server.key_limits` and for finding a key's turns (keys come on stdin,
     one a line, so they stay out of the shell history and the process list)."""
-    from liveloop.server.api.auth import tenant_id
+    from liveloop.tenants import tenant_id
 
     for line in sys.stdin:
         if line.strip():

@@ -12,6 +12,7 @@ the weight announcements tell it (the collector's view); the trainer keeps its o
 from __future__ import annotations
 
 import bisect
+import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +26,13 @@ TENANTS_SUBDIR = "tenants"
 TENANT_MARK = "#tenant:"  # tenant scope: <tenant>#tenant:<name>, the tenant's own baseline
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def tenant_id(api_key: str | None) -> str:
+    """The tenant of an API key: a stable, non-reversible id (never the key itself)."""
+    if not api_key:
+        return "anonymous"
+    return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
 def valid_tenant(tenant: str | None) -> bool:

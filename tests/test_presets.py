@@ -11,10 +11,14 @@ from liveloop.config import ConfigError, load_settings, presets
 
 
 def test_every_preset_is_a_settings_file_up_can_read() -> None:
-    assert presets.available() == ["qwen2.5-coder-0.5b", "smollm2-135m", "tiny-random"]
-    for name in presets.available():
+    models = ["qwen2.5-coder-0.5b", "smollm2-135m", "tiny-random"]
+    assert presets.available() == sorted([*models, "tenants"])
+    for name in models:
         settings = load_settings(presets.preset_path(name))  # what `up --config` does
         assert settings.model == name and settings.trainer.gate.probe_source == "demo"
+    tenants = load_settings(presets.preset_path("tenants"))
+    assert tenants.demo.tenants == 3 and tenants.demo.scopes == ["tenant", "shared"]
+    assert tenants.trainer.lora.enabled and tenants.trainer.gate.probe_source == "served"
     smollm2 = load_settings(presets.preset_path("smollm2-135m"))
     assert smollm2.trainer.lora.enabled and smollm2.trainer.lora.rank == 16
     assert smollm2.demo.turns_per_update == 24 and smollm2.demo.objectives == ["rl"]
@@ -36,5 +40,9 @@ def test_the_demo_reads_its_preset_under_your_file_and_flags(tmp_path: Path) -> 
     by_name = build_parser().parse_args(["demo", "--preset", "tiny-random"])
     chosen = settings_from_args(by_name)
     assert chosen.model == "tiny-random" and chosen.demo.objectives == ["combine"]
+    tenants_demo = build_parser().parse_args(["demo", "--tenants", "2", "--scope", "shared"])
+    assert config_files(tenants_demo, "smollm2-135m") == [presets.preset_path("tenants")]
+    two = settings_from_args(tenants_demo)
+    assert two.demo.tenants == 2 and two.demo.scopes == ["shared"]
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         settings_from_args(build_parser().parse_args(["demo", "--preset", "nope"]))

@@ -17,8 +17,8 @@ from liveloop.contracts import BatchSample, TrainingBatch
 from liveloop.demo.preferences import TOPICS, Question
 from liveloop.demo.report import JudgedTurn
 from liveloop.demo.styles import make_tenants
-from liveloop.demo.tenant_report import headline, matrix, write_tenant_report
-from liveloop.demo.tenants import ScopeRun, _tenant_id, isolation_checks
+from liveloop.demo.tenant_report import ScopeRun, headline, matrix, write_tenant_report
+from liveloop.demo.tenants import _tenant_id, isolation_checks
 from liveloop.valkey import free_port
 from tests.test_up_and_demo import CLI
 

@@ -11,8 +11,6 @@ that once per objective, with the same users, and the report compares them.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import os
 import secrets
@@ -22,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
+from liveloop.demo.driving import drive
 from liveloop.demo.heldout import compare_versions, wait_ready
 from liveloop.demo.measures import user_reactions
-from liveloop.demo.pacing import Pacer
 from liveloop.demo.preferences import make_population
 from liveloop.demo.report import (
     JudgedTurn,
@@ -40,7 +37,7 @@ from liveloop.demo.report import (
     write_report,
 )
 from liveloop.demo.sense_judge import gate_env, rate_held_out, sense_judge_server
-from liveloop.demo.users import UserRun, UserStats, run_population
+from liveloop.demo.users import UserRun
 from liveloop.sense import SenseCheckFactory
 from liveloop.supervisor import Supervisor
 
@@ -244,51 +241,3 @@ def _add_wall_clock(summary: dict[str, Any], turns: list[JudgedTurn], started_at
     summary["minutes_to_threshold"] = (
         (turns[reached - 1].judged_at - started_at) / 60 if reached else None
     )
-
-
-def drive(
-    groups: list[tuple[UserRun, list[Any]]],
-    seconds: float,
-    seed: int,
-    supervisor: Supervisor,
-    view: Any,
-    max_judged_turns: int | None = None,
-    turns_per_update: int | None = None,
-) -> list[UserStats]:
-    """Run populations side by side (one per group: how it talks to the server, its users)
-    while keeping the loops up and the live view fresh; what each group saw, in order."""
-    counter = bus.redis_client_sync(supervisor.redis_url)
-    scored = bus.stream_key(bus.SCORED)
-    pacer = Pacer(counter, turns_per_update) if turns_per_update else None
-    if pacer is not None:
-        groups = [(dataclasses.replace(run, pace=pacer.wait), people) for run, people in groups]
-    users = sum(len(people) for _run, people in groups)
-
-    async def main() -> list[UserStats]:
-        stats = [UserStats() for _ in groups]
-        tasks = [
-            asyncio.create_task(
-                run_population(run, people, seconds=seconds, seed=seed + 101 * i, stats=stats[i])
-            )
-            for i, (run, people) in enumerate(groups)
-        ]
-        t0 = time.monotonic()
-        while not all(task.done() for task in tasks):
-            for event in supervisor.check():
-                view.event(event)
-            view.extra["demo"] = f"{time.monotonic() - t0:.0f}s of {seconds:.0f}s, {users} users"
-            view.refresh()
-            if max_judged_turns is not None and int(counter.xlen(scored)) >= max_judged_turns:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                return stats
-            await asyncio.sleep(1.0)
-        for task in tasks:
-            task.result()
-        return stats
-
-    try:
-        return asyncio.run(main())
-    finally:
-        counter.close()

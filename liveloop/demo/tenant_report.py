@@ -9,17 +9,26 @@ back from the streams, and each tenant's replies to the same questions at the en
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from liveloop.config import LiveLoopSettings
 from liveloop.demo.styles import Tenant
 
-if TYPE_CHECKING:
-    from liveloop.demo.tenants import ScopeRun
-
 TARGET_MARGIN = 0.2  # a conflicting tenant's gain in tenant scope beats shared scope by this
 CONFLICTING = ("brief", "explained")  # the styles that pull one shared policy apart
+
+
+@dataclass
+class ScopeRun:
+    """One run of the loops in one trainer scope: per-tenant figures and the isolation checks."""
+
+    scope: str
+    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)  # by tenant label
+    isolation: dict[str, Any] = field(default_factory=dict)
+    judged_turns: int = 0
+    served_versions: int = 0  # distinct (adapter, version) pairs that served judged turns
 
 
 def _fmt(value: float | None) -> str:

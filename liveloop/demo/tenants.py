@@ -17,7 +17,6 @@ import logging
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,30 +26,21 @@ from liveloop import bus
 from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.contracts import TrainingBatch
+from liveloop.demo.driving import drive
 from liveloop.demo.heldout import DemoError, evaluate_people, load_version, wait_ready
 from liveloop.demo.measures import user_reactions
 from liveloop.demo.report import JudgedTurn, headline, read_judged, summarise
 from liveloop.demo.styles import Tenant, house_style, make_tenants
-from liveloop.demo.tenant_report import write_tenant_report
+from liveloop.demo.tenant_report import ScopeRun, write_tenant_report
 from liveloop.demo.users import WEATHER_TOOL, UserRun
 from liveloop.supervisor import Supervisor
+from liveloop.tenants import tenant_id
 
 log = logging.getLogger(__name__)
 
 SAME_QUESTIONS = ("Tell me about bread.", "What should I know about the moon?")
 HELD_OUT_USERS = 4  # per tenant and version
 HELD_OUT_TURNS = 3  # answers each of them rates
-
-
-@dataclass
-class ScopeRun:
-    """One run of the loops in one trainer scope: per-tenant figures and the isolation checks."""
-
-    scope: str
-    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)  # by tenant label
-    isolation: dict[str, Any] = field(default_factory=dict)
-    judged_turns: int = 0
-    served_versions: int = 0  # distinct (adapter, version) pairs that served judged turns
 
 
 def run_tenant_demo(
@@ -89,7 +79,6 @@ def run_scope(
     quiet: bool,
 ) -> ScopeRun:
     """The loops in `scope`, every tenant's users side by side, then the per-tenant figures."""
-    from liveloop.demo.run import drive
     from liveloop.models import resolve_model_dir
     from liveloop.status import LiveView
 
@@ -145,8 +134,6 @@ def run_scope(
 
 
 def _tenant_id(tenant: Tenant) -> str:
-    from liveloop.server.api.auth import tenant_id
-
     return tenant_id(tenant.api_key)
 
 

@@ -20,15 +20,9 @@ from fastapi.security.utils import get_authorization_scheme_param
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from liveloop.server.api.errors import APIError, error_body
+from liveloop.tenants import tenant_id
 
 log = logging.getLogger(__name__)
-
-
-def tenant_id(api_key: str | None) -> str:
-    """A stable, non-reversible id of an API key (never the key itself)."""
-    if not api_key:
-        return "anonymous"
-    return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
 def _digest(key: str) -> bytes:
