@@ -10,10 +10,10 @@ happened is recorded in each turn as `prompt_mode`.
 A reply that the server turned into `tool_calls` comes back from the client as structured
 calls, which the chat template writes its own way (Qwen's: `<tool_call>` blocks), while the
 model may have written the call otherwise (a fenced JSON object). A fresh render would then
-show the model a call it never wrote, and a small model shown someone else's call tends to
-call again rather than answer. So a follow-up to such a reply is extended too: the model's
-own sampled call, then what the template puts after that reply (its tool results, a user
-message), exactly as a fresh render would.
+put a call the model never wrote into the prompt, and into the turn that training sees. So
+a follow-up to such a reply is extended too: the model's own sampled call, then what the
+template puts after that reply (its tool results, a user message), exactly as a fresh
+render would.
 """
 
 from __future__ import annotations
