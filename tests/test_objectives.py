@@ -94,3 +94,38 @@ async def test_a_toy_objective_from_the_test_tree_trains_one_step(
     with torch.no_grad():
         after = completion_logprobs(trainer.updater.policy.model, build_micro_batch(kept))[0]
     assert float(after.sum()) < float(before.sum())  # every kept token became less likely
+
+
+async def test_flat_samples_are_skipped_under_rl_only_when_asked(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """A task that always scores the same has zero advantage against its own baseline: with
+    `skip_flat_samples` the trainer drops those samples (reason `flat`) and trains on the
+    rest; a batch of nothing else makes no version. Without it they are trained as before."""
+    writer = BatchWriter(aredis_client, data_dir)
+    flat_only = make_samples(3, seed=4)
+    for sample in flat_only:
+        sample.advantage = 0.0
+    mixed = make_samples(5, seed=5)
+    mixed[0].advantage = mixed[1].advantage = 1e-9
+    await writer.write(flat_only, 0)
+    await writer.write(mixed, 0)
+    trainer_settings = {"lr": 1e-3, "max_updates": 1, "read_block_ms": 100,
+                        "gate": {"enabled": False}, "watch": {"enabled": False}}  # fmt: skip
+    skipping = trainer_of(
+        settings_for(redis_url, data_dir, trainer={**trainer_settings, "skip_flat_samples": True})
+    )
+    skipping.setup()
+    await skipping.run()
+    assert skipping.version == 1  # the flat-only batch made no version; the mixed one did
+    assert skipping.metrics.dropped.labels("flat")._value.get() == 5
+    assert skipping.last_stats is not None and skipping.last_stats.samples == 3
+    flat = make_samples(2, seed=6)
+    for sample in flat:
+        sample.advantage = 0.0
+    await writer.write(flat, 1)
+    keeping = trainer_of(settings_for(redis_url, data_dir, trainer=trainer_settings))
+    keeping.setup()
+    await keeping.run()
+    assert keeping.last_stats is not None and keeping.last_stats.samples == 2
+    assert keeping.metrics.dropped.labels("flat")._value.get() == 0

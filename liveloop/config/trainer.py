@@ -108,6 +108,16 @@ class TrainerConfig(Section):
             "once, before the first step, so clipping acts from the second step on."
         ),
     )
+    skip_flat_samples: bool = Field(
+        False,
+        description=(
+            "Under the reward-only objective ('rl'), drop samples whose advantage is zero: "
+            "every reply of their group scored the same, or their task scores the same every "
+            "time against its own baseline. They carry no policy-gradient signal, only the "
+            "KL anchor's pull, and a batch of nothing else would cost an update and a gate "
+            "round that teach nothing (counted under the `flat` drop reason)."
+        ),
+    )
     fuse_proximal: bool = Field(
         True,
         description=(

@@ -9,6 +9,7 @@ back from the streams, and each tenant's replies to the same questions at the en
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,14 +113,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         "## Judged reward per tenant, first -> last window",
         "",
-        "| tenant | " + " | ".join(f"{s} scope" for s in scopes) + " | gain difference |",
-        "|---" * (len(scopes) + 2) + "|",
-    ]
-    for row in report["matrix"]:
-        cells = [_cell(row[s]) for s in scopes]
-        lines.append(f"| {row['label']} | " + " | ".join(cells) +
-                     f" | {_fmt(row['gain_difference'])} |")  # fmt: skip
-    lines += [
+        *_table(report["matrix"], scopes, _cell, gain_difference=True),
+        "",
         "",
         f"Tenant scope beats shared scope by more than {top['margin']} for the conflicting "
         f"tenants, quality kept, isolation passed: **{top['tenant_scope_beats_shared']}** "
@@ -127,12 +122,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         "## Held-out users of each tenant: base -> what the tenant is served at the end",
         "",
-        "| tenant | " + " | ".join(f"{s} scope" for s in scopes) + " |",
-        "|---" * (len(scopes) + 1) + "|",
+        *_table(report["matrix"], scopes, _held_out),
     ]
-    for row in report["matrix"]:
-        cells = [_held_out(row[s]) for s in scopes]
-        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     lines += ["", "## Why each tenant's users were (dis)pleased, first -> last window", ""]
     for row in report["matrix"]:
         for scope in scopes:
@@ -148,6 +139,26 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "## The same questions, asked of every tenant at the end (temperature 0)"]
     lines += _same_questions(report["matrix"], scopes)
     return "\n".join(lines) + "\n"
+
+
+def _table(
+    rows: list[dict[str, Any]],
+    scopes: list[str],
+    cell: Callable[[dict[str, Any]], str],
+    gain_difference: bool = False,
+) -> list[str]:
+    """A markdown table: a row per tenant, a column per scope (and the gain difference)."""
+    extra = " gain difference |" if gain_difference else ""
+    lines = [
+        "| tenant | " + " | ".join(f"{s} scope" for s in scopes) + " |" + extra,
+        "|---" * (len(scopes) + 1 + gain_difference) + "|",
+    ]
+    for row in rows:
+        last = f" {_fmt(row['gain_difference'])} |" if gain_difference else ""
+        lines.append(
+            f"| {row['label']} | " + " | ".join(cell(row[s]) for s in scopes) + " |" + last
+        )
+    return lines
 
 
 def _same_questions(rows: list[dict[str, Any]], scopes: list[str]) -> list[str]:

@@ -87,14 +87,7 @@ def run_scope(
     base_dir = str(resolve_model_dir(settings.model))
     admin_key = secrets.token_urlsafe(16)
     demo = settings.demo
-    env = {
-        "LIVELOOP_ADMIN_KEY": admin_key,
-        "LIVELOOP_API_KEYS": ",".join(t.api_key for t in tenants),
-        "LIVELOOP_TRAINER__SCOPE": scope,
-        "LIVELOOP_TRAINER__OBJECTIVE": demo.objectives[0],
-    }
-    if demo.turns_per_update:
-        env["LIVELOOP_COLLECTOR__MIN_TURNS"] = str(demo.turns_per_update)
+    env = _scope_env(settings, scope, tenants, admin_key)
     supervisor = Supervisor(child, config_files=config_files, extra_env=env)
     reply_tokens = model_defaults(settings.model).reply_tokens
     supervisor.start()
@@ -119,18 +112,30 @@ def run_scope(
         finals = {t.label: _served_now(supervisor.base_url, settings, t) for t in tenants}
         load_version(supervisor.base_url, admin_key, base_dir, 0)  # every adapter unloaded
         for tenant, stats in zip(tenants, seen, strict=True):
+            mine = [t for t in turns if t.tenant == _tenant_id(tenant)]
             base = _held_out(supervisor.base_url, settings, tenant)
-            figures = tenant_figures(
-                [t for t in turns if t.tenant == _tenant_id(tenant)],
-                settings,
-                base,
-                finals[tenant.label],
-            )
+            figures = tenant_figures(mine, settings, base, finals[tenant.label])
             figures["reactions"] = user_reactions(stats.turns, demo.window_turns)
             run.tenants[tenant.label] = figures
     finally:
         supervisor.stop()
     return run
+
+
+def _scope_env(
+    settings: LiveLoopSettings, scope: str, tenants: list[Tenant], admin_key: str
+) -> dict[str, str]:
+    """The loops' environment for one scope: the tenants' keys, the scope, the objective."""
+    demo = settings.demo
+    env = {
+        "LIVELOOP_ADMIN_KEY": admin_key,
+        "LIVELOOP_API_KEYS": ",".join(t.api_key for t in tenants),
+        "LIVELOOP_TRAINER__SCOPE": scope,
+        "LIVELOOP_TRAINER__OBJECTIVE": demo.objectives[0],
+    }
+    if demo.turns_per_update:
+        env["LIVELOOP_COLLECTOR__MIN_TURNS"] = str(demo.turns_per_update)
+    return env
 
 
 def _tenant_id(tenant: Tenant) -> str:
