@@ -79,3 +79,26 @@ def test_smollm2_demo_users_are_paced_by_default_and_a_batch_ships_at_one_versio
     assert asked.demo.turns_per_update == 12
     assert "LIVELOOP_COLLECTOR__MIN_TURNS" not in _child_env(asked, "key", 0)  # not paced
     assert asked.collector.min_turns == 16  # the preset's batch size
+
+
+def test_users_go_on_while_the_trainer_has_no_batch_left(redis_url: str) -> None:
+    """A batch the trainer drops whole makes no version: once the trainer's group has read
+    and acknowledged every batch, users are let through; while one waits, they are held."""
+    client = bus.redis_client_sync(redis_url)
+    batches = bus.stream_key(bus.BATCHES)
+    try:
+        pacer = Pacer(client, per_update=2)
+        _add(client, bus.SCORED, 2)
+        assert not pacer.allowed()  # no batch yet: the trainer has nothing to be idle about
+        _add(client, bus.BATCHES, 1)
+        client.xgroup_create(batches, bus.TRAINER_GROUP, id="0")
+        assert not pacer.allowed()  # written, not read
+        read = client.xreadgroup(bus.TRAINER_GROUP, "t", {batches: ">"}, count=1)
+        assert not pacer.allowed()  # read, not acknowledged
+        entry_id = read[0][1][0][0]
+        client.xack(batches, bus.TRAINER_GROUP, entry_id)
+        assert pacer.allowed()  # dropped whole, no version: the users go on
+        _add(client, bus.BATCHES, 1)
+        assert not pacer.allowed()  # the next batch waits for the trainer
+    finally:
+        client.close()

@@ -6,6 +6,8 @@ import asyncio
 import time
 from typing import Any
 
+import redis
+
 from liveloop import bus
 
 
@@ -16,7 +18,10 @@ class Pacer:
     turns one policy version sees then depends on how fast the trainer is. Paced users wait
     before each request while the judged turns number `per_update` x (published versions
     + 1) or more, so every objective gets one update per `per_update` judged turns, however
-    fast or slow its updates are (a wait ends after `max_wait_s` in any case).
+    fast or slow its updates are (a wait ends after `max_wait_s` in any case). Users also go
+    on while the trainer has no batch to read or in hand: a batch it dropped whole (every
+    sample stale, or flat under `trainer.skip_flat_samples`) makes no version, and waiting
+    for one then would wait for nothing.
     """
 
     def __init__(self, client: Any, per_update: int, max_wait_s: float = 600.0) -> None:
@@ -29,7 +34,18 @@ class Pacer:
         """True while the judged turns are below the current version's share."""
         judged = int(self.client.xlen(bus.stream_key(bus.SCORED)))
         versions = int(self.client.xlen(bus.stream_key(bus.WEIGHTS)))
-        return judged < self.per_update * (versions + 1)
+        return judged < self.per_update * (versions + 1) or self.trainer_idle()
+
+    def trainer_idle(self) -> bool:
+        """True when the trainer's group has read and acknowledged every batch written."""
+        try:
+            groups = self.client.xinfo_groups(bus.stream_key(bus.BATCHES))
+        except redis.ResponseError:  # no batch written yet: the stream does not exist
+            return False
+        for group in groups:
+            if _text(group["name"]) == bus.TRAINER_GROUP:
+                return int(group["pending"]) == 0 and int(group.get("lag") or 0) == 0
+        return False  # the trainer has not started reading
 
     async def wait(self) -> None:
         """Return when a request may go out."""
@@ -39,3 +55,7 @@ class Pacer:
                 self.waits += 1
                 return
             await asyncio.sleep(0.5)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
