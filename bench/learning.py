@@ -100,8 +100,16 @@ def provenance() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": commit,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "command": " ".join(["python", *sys.argv]),
+        "command": " ".join(["python", *(_relative(a) for a in sys.argv)]),
     }
+
+
+def _relative(arg: str) -> str:
+    """A path argument as written from the repository root (no machine's paths in results)."""
+    path = Path(arg)
+    if path.is_absolute() and path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    return path.name if path.is_absolute() else arg
 
 
 def run_one(
