@@ -31,7 +31,8 @@ class Pacer:
         self.waits = 0  # waits that ran out (no version came)
 
     def allowed(self) -> bool:
-        """True while the judged turns are below the current version's share."""
+        """True while the judged turns are below the current version's share, or the
+        trainer has no batch left to train."""
         judged = int(self.client.xlen(bus.stream_key(bus.SCORED)))
         versions = int(self.client.xlen(bus.stream_key(bus.WEIGHTS)))
         return judged < self.per_update * (versions + 1) or self.trainer_idle()
