@@ -44,7 +44,7 @@ class Pacer:
         except redis.ResponseError:  # no batch written yet: the stream does not exist
             return False
         for group in groups:
-            if _text(group["name"]) == bus.TRAINER_GROUP:
+            if group["name"] == bus.TRAINER_GROUP:
                 return int(group["pending"]) == 0 and int(group.get("lag") or 0) == 0
         return False  # the trainer has not started reading
 
@@ -56,7 +56,3 @@ class Pacer:
                 self.waits += 1
                 return
             await asyncio.sleep(0.5)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -115,7 +115,6 @@ def render(report: dict[str, Any]) -> str:
         "",
         *_table(report["matrix"], scopes, _cell, gain_difference=True),
         "",
-        "",
         f"Tenant scope beats shared scope by more than {top['margin']} for the conflicting "
         f"tenants, quality kept, isolation passed: **{top['tenant_scope_beats_shared']}** "
         f"(quality kept: {top['quality_kept']}; isolation passed: {top['isolation_passed']}).",
