@@ -34,7 +34,10 @@ objective. The comparison is the second arm against the first (or `--compare A,B
 
 Runs take minutes to an hour, so the budget is a flag. Results are also written, as they
 come, to `--out` (default: learning.json in the working directory), with the date, the
-commit, the machine and the command, so a long sweep can be read while it runs.
+commit, the machine and the command, so a long sweep can be read while it runs. Seeds run
+in separate sittings merge into one summary with `--merge A.json B.json ... --out C.json`
+(the files must agree on the budget, windows, pacing, threshold and users; a seed of an arm
+may appear once).
 
     python bench/learning.py --models tiny-random --seeds 0,1,2 --turns 400
     python bench/learning.py --models smollm2-135m --seeds 0,1,2 --turns 300 --staleness
@@ -266,6 +269,46 @@ def compare(per_objective: dict[str, Any], a: str = "combine", b: str = "rl") ->
     }
 
 
+SAME_IN_MERGED = ("turns", "window", "threshold", "users", "pace", "gate", "preset", "minutes_cap")
+"""Arguments that define a comparison: files merged with `--merge` must agree on them."""
+
+
+def merge_results(paths: list[Path], compare_arms: str | None) -> dict[str, Any]:
+    """One result from several files of the same comparison (e.g. seeds run on other days)."""
+    loaded = [json.loads(p.read_text()) for p in paths]
+    first = loaded[0]["args"]
+    for path, other in zip(paths[1:], loaded[1:], strict=True):
+        differ = [k for k in SAME_IN_MERGED if other["args"].get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"{path.name}: not the same comparison (differs in {differ})")
+    models: dict[str, Any] = {}
+    for data in loaded:
+        for model, found in data["models"].items():
+            runs = models.setdefault(model, [])
+            for run in found["runs"]:
+                if any((r["arm"], r["seed"]) == (run["arm"], run["seed"]) for r in runs):
+                    raise SystemExit(f"{model}: arm {run['arm']} seed {run['seed']} twice")
+                runs.append(run)
+    pair_text = compare_arms or (first.get("compare") if first.get("compare") != "None" else None)
+    a, b = pair_text.split(",") if pair_text else (None, None)
+    merged: dict[str, Any] = {
+        **provenance(),
+        "merged_from": [
+            {"file": p.name, **{k: d.get(k) for k in ("date", "commit", "command")}}
+            for p, d in zip(paths, loaded, strict=True)
+        ],
+        "args": first,
+        "models": {},
+    }
+    for model, runs in models.items():
+        per = aggregate(runs, int(first["turns"]))
+        names = list(per)
+        pair = (a, b) if a and b else (names[-1], names[0])
+        merged["models"][model] = {"runs": runs, "per_arm": per}
+        merged["models"][model][f"{pair[0]}_vs_{pair[1]}"] = compare(per, *pair)
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="tiny-random")
@@ -300,7 +343,14 @@ def main() -> None:
     parser.add_argument("--staleness", action="store_true", help="also max_staleness 0 vs default")
     parser.add_argument("--staleness-model", help="model of the staleness runs (first --models)")
     parser.add_argument("--out", type=Path, default=Path("learning.json"))
+    parser.add_argument("--merge", type=Path, nargs="+", help="merge these results; run nothing")
     args = parser.parse_args()
+    if args.merge:
+        merged = merge_results(args.merge, args.compare)
+        args.out.write_text(json.dumps(merged, indent=2))
+        print(json.dumps({m: {k: v for k, v in d.items() if "_vs_" in k}
+                          for m, d in merged["models"].items()}, indent=2))  # fmt: skip
+        return
     models = [m for m in args.models.split(",") if m]
     arms = [Arm.parse(a) for a in args.arm] if args.arm else [
         Arm(o, o) for o in args.objectives.split(",") if o
