@@ -359,7 +359,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     result: dict[str, Any] = {
         **provenance(),
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": {k: _relative(str(v)) for k, v in vars(args).items()},
         "models": {},
     }
     for model in models:
