@@ -36,8 +36,9 @@ Runs take minutes to an hour, so the budget is a flag. Results are also written,
 come, to `--out` (default: learning.json in the working directory), with the date, the
 commit, the machine and the command, so a long sweep can be read while it runs. Seeds run
 in separate sittings merge into one summary with `--merge A.json B.json ... --out C.json`
-(the files must agree on the budget, windows, pacing, threshold and users; a seed of an arm
-may appear once).
+(the files must agree on the budget, window, pace, threshold, users, gate, preset and
+minutes cap, an arm's name must mean the same objective and teacher settings in each, and a
+seed of an arm may appear once).
 
     python bench/learning.py --models tiny-random --seeds 0,1,2 --turns 400
     python bench/learning.py --models smollm2-135m --seeds 0,1,2 --turns 300 --staleness
@@ -273,6 +274,12 @@ SAME_IN_MERGED = ("turns", "window", "threshold", "users", "pace", "gate", "pres
 """Arguments that define a comparison: files merged with `--merge` must agree on them."""
 
 
+def model_summary(runs: list[dict[str, Any]], budget: int, a: str, b: str) -> dict[str, Any]:
+    """One model's runs, their per-arm spread and arm `a` against arm `b`."""
+    per = aggregate(runs, budget)
+    return {"runs": runs, "per_arm": per, f"{a}_vs_{b}": compare(per, a, b)}
+
+
 def merge_results(paths: list[Path], compare_arms: str | None) -> dict[str, Any]:
     """One result from several files of the same comparison (e.g. seeds run on other days)."""
     loaded = [json.loads(p.read_text()) for p in paths]
@@ -286,8 +293,11 @@ def merge_results(paths: list[Path], compare_arms: str | None) -> dict[str, Any]
         for model, found in data["models"].items():
             runs = models.setdefault(model, [])
             for run in found["runs"]:
-                if any((r["arm"], r["seed"]) == (run["arm"], run["seed"]) for r in runs):
-                    raise SystemExit(f"{model}: arm {run['arm']} seed {run['seed']} twice")
+                for r in (r for r in runs if r["arm"] == run["arm"]):
+                    if r["seed"] == run["seed"]:
+                        raise SystemExit(f"{model}: arm {run['arm']} seed {run['seed']} twice")
+                    if (r["objective"], r["opd"]) != (run["objective"], run["opd"]):
+                        raise SystemExit(f"{model}: arm {run['arm']} is not the same arm in each")
                 runs.append(run)
     pair_text = compare_arms or (first.get("compare") if first.get("compare") != "None" else None)
     a, b = pair_text.split(",") if pair_text else (None, None)
@@ -301,11 +311,9 @@ def merge_results(paths: list[Path], compare_arms: str | None) -> dict[str, Any]
         "models": {},
     }
     for model, runs in models.items():
-        per = aggregate(runs, int(first["turns"]))
-        names = list(per)
+        names = list(dict.fromkeys(r["arm"] for r in runs))
         pair = (a, b) if a and b else (names[-1], names[0])
-        merged["models"][model] = {"runs": runs, "per_arm": per}
-        merged["models"][model][f"{pair[0]}_vs_{pair[1]}"] = compare(per, *pair)
+        merged["models"][model] = model_summary(runs, int(first["turns"]), *pair)
     return merged
 
 
@@ -367,9 +375,7 @@ def main() -> None:
         for seed in seeds:
             for arm in arms:
                 runs.append(run_one(model, arm, seed, args, {}))
-                per = aggregate(runs, args.turns)
-                result["models"][model] = {"runs": runs, "per_arm": per}
-                result["models"][model][f"{a}_vs_{b}"] = compare(per, a, b)
+                result["models"][model] = model_summary(runs, args.turns, a, b)
                 args.out.write_text(json.dumps(result, indent=2))
     if args.staleness:
         model = args.staleness_model or models[0]

@@ -73,7 +73,9 @@ def test_seeds_from_two_files_make_one_verdict(learning: ModuleType, tmp_path: P
     assert [m["file"] for m in merged["merged_from"]] == ["a.json", "b.json"]
 
 
-def test_a_seed_twice_or_another_budget_is_refused(learning: ModuleType, tmp_path: Path) -> None:
+def test_a_seed_twice_another_budget_or_another_arm_is_refused(
+    learning: ModuleType, tmp_path: Path
+) -> None:
     one = _write(tmp_path / "a.json", [_run("rl", 0, 50)])
     again = _write(tmp_path / "b.json", [_run("rl", 0, 40)])
     with pytest.raises(SystemExit, match="arm rl seed 0 twice"):
@@ -81,3 +83,6 @@ def test_a_seed_twice_or_another_budget_is_refused(learning: ModuleType, tmp_pat
     longer = _write(tmp_path / "c.json", [_run("rl", 1, 40)], turns="200")
     with pytest.raises(SystemExit, match=r"c.json: not the same comparison .*turns"):
         learning.merge_results([one, longer], None)
+    other_teacher = _write(tmp_path / "d.json", [{**_run("rl", 1, 40), "objective": "combine"}])
+    with pytest.raises(SystemExit, match="arm rl is not the same arm in each"):
+        learning.merge_results([one, other_teacher], None)
