@@ -23,9 +23,13 @@ and what the teacher cost per update. Per objective: the mean and the spread (st
 deviation, min, max) over seeds; then `combine` against `rl` in judged turns to the
 threshold.
 
-`--staleness` also runs `combine` with `max_staleness` 0 against the default, with
-free-running users, and reports the wall-clock minutes to the threshold: the end-to-end form of the asynchronous
-speed-up that `bench/async_vs_sync.py` measures against a simulated generator.
+`--staleness` also runs the compared arm (the first of `--compare`, else the last arm) with
+`max_staleness` 0 against the default, with free-running users, and reports the wall-clock
+minutes to the threshold: the end-to-end form of the asynchronous speed-up that
+`bench/async_vs_sync.py` measures against a simulated generator. `--staleness-only` runs
+those runs and not the paced ones. `--keep-data DIR` keeps each run's data dir (its Valkey
+data, registry and checkpoints) as `DIR/MODEL-ARM-seedN[-stalenessX]`, so the replies it
+served can be read afterwards; without it each run's data is removed when it ends.
 
 An arm is an objective with its teacher settings, named: `--arm NAME:OBJECTIVE[:KEY=VALUE...]`
 (KEY a field of `trainer.opd`, e.g. `teacher=model`, `teacher_model=qwen2.5-coder-1.5b`,
@@ -49,15 +53,12 @@ seed of an arm may appear once).
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import json
-import os
-import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(ROOT)
 
+from bench.learning_summary import (  # noqa: E402
+    merge_results,
+    model_summary,
+    provenance,
+    relative,
+    spread,
+)
 from liveloop.config import load_settings, presets  # noqa: E402
 from liveloop.demo.run import objective_figures, run_objective  # noqa: E402
 from liveloop.prm.sense import sense_check_factory  # noqa: E402
@@ -96,30 +104,15 @@ class Arm:
         return {f"LIVELOOP_TRAINER__OPD__{k.upper()}": v for k, v in self.opd.items()}
 
 
-def provenance() -> dict[str, Any]:
-    """When, from which commit, on what machine, by which command."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": commit,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "command": " ".join(["python", *(_relative(a) for a in sys.argv)]),
-    }
-
-
-def _relative(arg: str) -> str:
-    """A path argument as written from the repository root (no machine's paths in results)."""
-    path = Path(arg)
-    if path.is_absolute() and path.is_relative_to(ROOT):
-        return str(path.relative_to(ROOT))
-    return path.name if path.is_absolute() else arg
-
-
 def run_one(
-    model: str, arm: Arm, seed: int, args: argparse.Namespace, extra_env: dict[str, str]
+    model: str,
+    arm: Arm,
+    seed: int,
+    args: argparse.Namespace,
+    extra_env: dict[str, str],
+    tag: str = "",
 ) -> dict[str, Any]:
-    """One end-to-end run; its figures."""
+    """One end-to-end run; its figures. `tag` tells runs of one arm and seed apart."""
     objective = arm.objective
     threshold = args.threshold if args.threshold is not None else THRESHOLDS.get(model, 0.25)
     files = [presets.demo_preset(model, args.preset)]  # the demo's tuning, as `liveloop demo`
@@ -135,7 +128,7 @@ def run_one(
             "reward_threshold": threshold,
         },
     )
-    with tempfile.TemporaryDirectory(prefix="liveloop-learning-") as scratch:
+    with _run_dir(args.keep_data, f"{model}-{arm.name}-seed{seed}{tag}") as scratch:
         started = time.monotonic()
         env = {
             "LIVELOOP_TRAINER__GATE__ENABLED": "true" if args.gate == "on" else "false",
@@ -174,6 +167,18 @@ def run_one(
     return figures
 
 
+@contextlib.contextmanager
+def _run_dir(keep: Path | None, name: str) -> Iterator[Path]:
+    """A run's data dir (Valkey's data, the registry, checkpoints): `keep/name`, kept so its
+    served replies can be read afterwards, or a temporary one removed after the run."""
+    if keep is not None:
+        (keep / name).mkdir(parents=True, exist_ok=False)
+        yield keep / name
+        return
+    with tempfile.TemporaryDirectory(prefix="liveloop-learning-") as scratch:
+        yield Path(scratch)
+
+
 def _served_per_version(summary: dict[str, Any]) -> dict[str, Any]:
     """Each version's served replies: judged reward, words, reference NLL and KL."""
     keys = ("judged", "mean_reward", "mean_reply_words", "ref_nll", "kl_ref")
@@ -196,125 +201,6 @@ def _platform_quality(summary: dict[str, Any]) -> dict[str, Any]:
         "version 0": {k: (served.get(0) or {}).get(k) for k in keys},
         f"version {last}": {k: served[last].get(k) for k in keys},
     }
-
-
-def spread(values: list[float | None]) -> dict[str, Any]:
-    """Mean, standard deviation, min and max of the values that exist."""
-    given = [v for v in values if v is not None]
-    if not given:
-        return {"n": 0, "missing": len(values)}
-    return {
-        "n": len(given),
-        "missing": len(values) - len(given),
-        "mean": statistics.fmean(given),
-        "std": statistics.stdev(given) if len(given) > 1 else 0.0,
-        "min": min(given),
-        "max": max(given),
-    }
-
-
-def _last_tool_rate(run: dict[str, Any]) -> float | None:
-    """The share of weather questions answered after a tool call, by the last version that
-    answered any."""
-    by_version = run.get("tool_use") or {}
-    if not by_version:
-        return None
-    last = max(by_version, key=int)
-    rate = by_version[last]["tool_call_rate"]
-    return float(rate) if rate is not None else None
-
-
-def aggregate(runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    """Per arm: spread over seeds of each figure (unreached threshold = the budget)."""
-    out: dict[str, Any] = {}
-    for name in dict.fromkeys(r["arm"] for r in runs):
-        mine = [r for r in runs if r["arm"] == name]
-        reached = [r["turns_to_threshold"] for r in mine]
-        training = [r.get("training") or {} for r in mine]
-        out[name] = {
-            "objective": mine[0]["objective"],
-            "opd": mine[0]["opd"],
-            "seeds": [r["seed"] for r in mine],
-            "last_version_tool_call_rate": spread([_last_tool_rate(r) for r in mine]),
-            "turns_to_threshold": spread(reached),
-            "turns_to_threshold_capped": spread([t or budget for t in reached]),
-            "improvement": spread([r["improvement"] for r in mine]),
-            "reward_last_window": spread([r["reward_last_window"] for r in mine]),
-            "held_out_reward": spread([r["held_out_reward"] for r in mine]),
-            "hint_share": spread([r["hint_share"] for r in mine]),
-            "versions_refused": spread([len(r.get("rejected_versions") or []) for r in mine]),
-            "update_seconds": spread([t.get("seconds") for t in training]),
-            "opd_seconds_per_update": spread([t.get("opd_seconds") for t in training]),
-            "held_out_quality": {
-                k: spread([(r["held_out_quality"] or {}).get(k) for r in mine])
-                for k in ("topic_rate", "symbol_share", "non_answer_share", "mean_words")
-            },
-        }
-    return out
-
-
-def compare(per_objective: dict[str, Any], a: str = "combine", b: str = "rl") -> dict[str, Any]:
-    """`a` against `b` in judged turns to the threshold (unreached counted as the budget)."""
-    if a not in per_objective or b not in per_objective:
-        return {}
-    ta = per_objective[a]["turns_to_threshold_capped"]
-    tb = per_objective[b]["turns_to_threshold_capped"]
-    if not ta.get("n") or not tb.get("n"):
-        return {}
-    fewer = tb["mean"] - ta["mean"]
-    noise = max(ta["std"], tb["std"])
-    return {
-        f"{a}_fewer_turns_than_{b}": fewer,
-        "spread": noise,
-        "verdict": "met" if fewer > noise else "not met",
-    }
-
-
-SAME_IN_MERGED = ("turns", "window", "threshold", "users", "pace", "gate", "preset", "minutes_cap")
-"""Arguments that define a comparison: files merged with `--merge` must agree on them."""
-
-
-def model_summary(runs: list[dict[str, Any]], budget: int, a: str, b: str) -> dict[str, Any]:
-    """One model's runs, their per-arm spread and arm `a` against arm `b`."""
-    per = aggregate(runs, budget)
-    return {"runs": runs, "per_arm": per, f"{a}_vs_{b}": compare(per, a, b)}
-
-
-def merge_results(paths: list[Path], compare_arms: str | None) -> dict[str, Any]:
-    """One result from several files of the same comparison (e.g. seeds run on other days)."""
-    loaded = [json.loads(p.read_text()) for p in paths]
-    first = loaded[0]["args"]
-    for path, other in zip(paths[1:], loaded[1:], strict=True):
-        differ = [k for k in SAME_IN_MERGED if other["args"].get(k) != first.get(k)]
-        if differ:
-            raise SystemExit(f"{path.name}: not the same comparison (differs in {differ})")
-    models: dict[str, Any] = {}
-    for data in loaded:
-        for model, found in data["models"].items():
-            runs = models.setdefault(model, [])
-            for run in found["runs"]:
-                for r in (r for r in runs if r["arm"] == run["arm"]):
-                    if r["seed"] == run["seed"]:
-                        raise SystemExit(f"{model}: arm {run['arm']} seed {run['seed']} twice")
-                    if (r["objective"], r["opd"]) != (run["objective"], run["opd"]):
-                        raise SystemExit(f"{model}: arm {run['arm']} is not the same arm in each")
-                runs.append(run)
-    pair_text = compare_arms or (first.get("compare") if first.get("compare") != "None" else None)
-    a, b = pair_text.split(",") if pair_text else (None, None)
-    merged: dict[str, Any] = {
-        **provenance(),
-        "merged_from": [
-            {"file": p.name, **{k: d.get(k) for k in ("date", "commit", "command")}}
-            for p, d in zip(paths, loaded, strict=True)
-        ],
-        "args": first,
-        "models": {},
-    }
-    for model, runs in models.items():
-        names = list(dict.fromkeys(r["arm"] for r in runs))
-        pair = (a, b) if a and b else (names[-1], names[0])
-        merged["models"][model] = model_summary(runs, int(first["turns"]), *pair)
-    return merged
 
 
 def main() -> None:
@@ -350,6 +236,12 @@ def main() -> None:
     )
     parser.add_argument("--staleness", action="store_true", help="also max_staleness 0 vs default")
     parser.add_argument("--staleness-model", help="model of the staleness runs (first --models)")
+    parser.add_argument(
+        "--staleness-only", action="store_true", help="run only the --staleness runs"
+    )
+    parser.add_argument(
+        "--keep-data", type=Path, help="keep each run's data dir (streams, registry) under this"
+    )
     parser.add_argument("--out", type=Path, default=Path("learning.json"))
     parser.add_argument("--merge", type=Path, nargs="+", help="merge these results; run nothing")
     args = parser.parse_args()
@@ -367,27 +259,27 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     result: dict[str, Any] = {
         **provenance(),
-        "args": {k: _relative(str(v)) for k, v in vars(args).items()},
+        "args": {k: relative(str(v)) for k, v in vars(args).items()},
         "models": {},
     }
-    for model in models:
+    for model in [] if args.staleness_only else models:
         runs: list[dict[str, Any]] = []
         for seed in seeds:
             for arm in arms:
                 runs.append(run_one(model, arm, seed, args, {}))
                 result["models"][model] = model_summary(runs, args.turns, a, b)
                 args.out.write_text(json.dumps(result, indent=2))
-    if args.staleness:
+    if args.staleness or args.staleness_only:
         model = args.staleness_model or models[0]
         winner = next(arm for arm in arms if arm.name == a)
         pairs: dict[str, list[dict[str, Any]]] = {"max_staleness 0": [], "default": []}
         free = argparse.Namespace(**{**vars(args), "pace": 0})  # wall clock: users never wait
         for seed in seeds:
-            for label, env in (
-                ("max_staleness 0", {"LIVELOOP_MAX_STALENESS": "0"}),
-                ("default", {}),
+            for label, env, tag in (
+                ("max_staleness 0", {"LIVELOOP_MAX_STALENESS": "0"}, "-staleness0"),
+                ("default", {}, "-staleness-default"),
             ):
-                pairs[label].append(run_one(model, winner, seed, free, env))
+                pairs[label].append(run_one(model, winner, seed, free, env, tag))
                 result["staleness"] = {
                     "model": model,
                     "arm": winner.name,

@@ -1,5 +1,6 @@
-"""bench/learning.py's `--merge`: seeds run in separate sittings make one comparison (a wrong
-merge would count a seed twice or mix two budgets into one verdict)."""
+"""bench/learning.py's `--merge` (in bench/learning_summary.py): seeds run in separate
+sittings make one comparison (a wrong merge would count a seed twice or mix two budgets into
+one verdict)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ ARGS = {"turns": "96", "window": "24", "threshold": "None", "users": "8", "pace"
 
 @pytest.fixture(scope="module")
 def learning() -> Iterator[ModuleType]:
-    path = Path(__file__).resolve().parent.parent / "bench" / "learning.py"
-    spec = importlib.util.spec_from_file_location("bench_learning", path)
+    path = Path(__file__).resolve().parent.parent / "bench" / "learning_summary.py"
+    spec = importlib.util.spec_from_file_location("bench_learning_summary", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
