@@ -5,7 +5,8 @@ template code (the exact prompt `liveloop serve` builds), samples several replie
 with one batched `generate` call (fixed seed per prompt), and sorts every reply into one
 form: `tagged` (a `<tool_call>` block), `fenced` (a ``` fence holding a JSON object or list
 of objects with a "name"), `bare` (such JSON outside a fence, starting a line),
-`bare_unclosed` (such JSON that ends without its last closing brackets), `tools_echo` (the
+`bare_unclosed` (such JSON that ends without its last closing brackets), `name_tags`
+(`<name>function</name>` then `<arguments>{...}</arguments>`), `tools_echo` (the
 prompt's `<tools>` listing written back) or `text` (none of these). For each reply it also records whether the server's parser
 (`liveloop.server.tools.parse_tool_calls`, told which tools were offered) turns it into a
 tool call. Questions are of three kinds: `tool` (one offered tool answers it), `no_tool`
@@ -99,6 +100,9 @@ PROMPTS: list[tuple[str, str, list[dict[str, Any]]]] = [
 
 FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)```", re.DOTALL)
 LINE_START_JSON = re.compile(r"(?m)^[ \t]*([{\[])")
+NAME_TAGS = re.compile(
+    r"<name>\s*([A-Za-z0-9_-]+)\s*</name>\s*<arguments>(.*?)(?:</arguments>|\Z)", re.DOTALL
+)
 
 
 def _names(value: Any) -> list[str] | None:
@@ -149,6 +153,13 @@ def classify(text: str) -> tuple[str, Any]:
     value = _unclosed_json(text)
     if value is not None:
         return "bare_unclosed", value
+    tags = NAME_TAGS.search(text)
+    if tags is not None:
+        try:
+            arguments = json.loads(tags.group(2))
+        except ValueError:
+            arguments = None
+        return "name_tags", {"name": tags.group(1), "arguments": arguments}
     if "<tools>" in text:
         return "tools_echo", None
     return "text", None

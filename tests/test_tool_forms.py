@@ -2,7 +2,7 @@
 
 Property tests (hypothesis) of the parser with offered tools: the streamed result equals the
 batch result for every split, text without a call comes back exactly, a call in any of the
-three forms is found with its arguments, JSON that does not name an offered function with
+four forms is found with its arguments, JSON that does not name an offered function with
 its required arguments is never a call, and a call cut short never leaks into content. Then
 replies Qwen2.5-Coder-0.5B wrote when offered tools (`bench/tool_forms.py`), read as recorded.
 """
@@ -46,7 +46,8 @@ CALL_JSON = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
 PIECES = st.sampled_from(
     ["```", "```json", "```python", "`", "\n", "  ", "{", "}", "[", "]", ",", ":", '"name"',
      '"get_weather"', '"get_time"', '"other"', '"arguments"', '"parameters"', '{"city": "Oslo"}',
-     "{}", '"', "\\", "hi", "é", CALL_JSON, '{"name": "get_time"}', "<tool_call>", "</tool_call>"]
+     "{}", '"', "\\", "hi", "é", CALL_JSON, '{"name": "get_time"}', "<tool_call>", "</tool_call>",
+     "<name>", "</name>", "get_weather", "<arguments>", "</arguments>", "<na", "</argu"]
 )  # fmt: skip
 MODEL_TEXT = st.one_of(st.lists(PIECES, max_size=30).map("".join), st.text(max_size=80))
 LINE = st.text("abc .!?é", max_size=12)
@@ -79,6 +80,9 @@ def _in_form(form: str, name: str, args: dict[str, Any], pretty: bool) -> str:
         return format_call(name, json.dumps(args))
     if form == "fenced":
         return f"```json\n{body}\n```"
+    if form == "name_tags":
+        arguments = json.dumps(args, indent=2 if pretty else None)
+        return f"<name>{name}</name>\n<arguments>{arguments}</arguments>"
     return body
 
 
@@ -99,7 +103,7 @@ def test_streaming_equals_batch_with_offered_tools(
 
 @FAST
 @given(
-    form=st.sampled_from(["tagged", "fenced", "bare"]),
+    form=st.sampled_from(["tagged", "fenced", "bare", "name_tags"]),
     pretty=st.booleans(),
     args=ARGS,
     lead=LINE,
@@ -123,7 +127,7 @@ def test_a_call_in_each_form_is_found_between_lines(
 
 @FAST
 @given(
-    form=st.sampled_from(["fenced", "bare"]),
+    form=st.sampled_from(["fenced", "bare", "name_tags"]),
     name=st.sampled_from(["get_wether", "weather", "getWeather", ""]),
     args=ARGS,
     pretty=st.booleans(),
@@ -140,7 +144,7 @@ def test_json_naming_no_offered_function_stays_content(
 
 @FAST
 @given(
-    form=st.sampled_from(["fenced", "bare"]),
+    form=st.sampled_from(["fenced", "bare", "name_tags"]),
     pretty=st.booleans(),
     args=ARGS,
     lead=LINE,
@@ -252,8 +256,17 @@ RECORDED: list[tuple[str, bool, str | None, list[tuple[str, dict[str, Any]]]]] =
         "same",
         [],
     ),
-    # other markup and plain prose: content
-    ('<name>get_weather</name>\n<arguments>{"city": "London"}</arguments>', False, "same", []),
+    # the name-tag form (and in `liveloop demo`, the weather users' first questions)
+    (
+        '<name>get_weather</name>\n<arguments>{"city": "London"}</arguments>',
+        False,
+        None,
+        [("get_weather", {"city": "London"})],
+    ),
+    # ... naming a function that was not offered, or cut short inside its arguments
+    ('<name>send_email</name>\n<arguments>{"to": "x"}</arguments>', False, "same", []),
+    ('<name>get_weather</name>\n<arguments>{"city": "Lon', True, "", []),
+    # plain prose: content
     ("The current temperature in Tokyo is 32 degrees Celsius.", False, "same", []),
 ]
 

@@ -4,14 +4,15 @@ A call is a `<tool_call>...</tool_call>` block holding a JSON object with a stri
 an object `arguments` (a closing tag may be missing at the very end of the text). A block that
 does not hold such an object is ordinary content.
 
-When the request offered tools, two more forms count, because instruct models write them
+When the request offered tools, three more forms count, because instruct models write them
 although their chat template asks for tags (Qwen2.5-Coder-0.5B, offered tools, wrote no
 tags at all: about half its calls fenced, half bare; `bench/tool_forms.py`):
 - a fenced block (a line opening with three backticks and `json` or no language) holding
   one or more call objects (separated by whitespace or commas), or an array of them; the
   closing fence may be missing at the end;
 - a bare JSON object (or array of objects) that starts a line; a comma right after it
-  (separating it from the next call) belongs to it.
+  (separating it from the next call) belongs to it;
+- `<name>function</name>` and `<arguments>{...}</arguments>` opening a line (`name_tags`).
 Such JSON is a call only when it names an offered function with valid arguments (see
 `call_json`); anything else stays content, exactly as written. A reply the model ended
 (not one cut short) inside such JSON, lacking only closing brackets, is read with them
@@ -48,6 +49,7 @@ from liveloop.server.tools.call_json import (
     skip_ws,
 )
 from liveloop.server.tools.format import CLOSE_TAG, OPEN_TAG
+from liveloop.server.tools.name_tags import NAME_OPEN, name_tag_step
 from liveloop.server.tools.spec import ToolSpec
 
 FENCE = "```"
@@ -176,10 +178,13 @@ class StreamingToolCallParser:
             return self._tag_step(text, final, truncated)
         if text.startswith(FENCE):
             return self._fence_step(text, final, truncated)
+        if text.startswith(NAME_OPEN):
+            return name_tag_step(text, self._offered, final, truncated)
         return self._json_step(text, final, truncated)
 
     def _next_candidate(self, text: str) -> int | None:
-        """Where the first possible call starts: a tag, or a fence or JSON opening a line."""
+        """Where the first possible call starts: a tag, or a fence, JSON or `<name>` tag
+        opening a line."""
         tag = text.find(OPEN_TAG)
         limit = len(text) if tag < 0 else tag
         if self._offered:
@@ -191,13 +196,14 @@ class StreamingToolCallParser:
                 if first < limit and (
                     text.startswith(FENCE, first)
                     or (text[first] in JSON_OPENERS and not self._in_code)
+                    or (text.startswith(NAME_OPEN, first) and not self._in_code)
                 ):
                     return first
                 line = _after_newline(text, first)
         return None if tag < 0 else tag
 
     def _undecided_tail(self, text: str) -> int:
-        """Length of the end of `text` that may still begin a tag or a fence."""
+        """Length of the end of `text` that may still begin a tag, a fence or a name tag."""
         keep = _partial_tag_length(text)
         if not self._offered or self._in_code:  # a fence in a code block closes it: content
             return keep
@@ -205,7 +211,7 @@ class StreamingToolCallParser:
         if newline < 0 and not self._line_start:
             return keep
         last_line = text[newline + 1 :].lstrip(LINE_SPACE)
-        if last_line and FENCE.startswith(last_line):
+        if last_line and (FENCE.startswith(last_line) or NAME_OPEN.startswith(last_line)):
             keep = max(keep, len(last_line))
         return keep
 
