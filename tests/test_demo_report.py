@@ -18,7 +18,7 @@ from liveloop.demo.report import (
     write_report,
 )
 from liveloop.demo.run import demo_objectives, objective_figures
-from liveloop.demo.users import TurnLog
+from liveloop.demo.users import ToolAsk, TurnLog
 from tests.test_demo_pacing import demo_settings
 
 
@@ -125,21 +125,27 @@ def test_report_says_why_users_were_unhappy_early_and_late(tmp_path: Path) -> No
     answers = [answer(float(i), r) for i, r in enumerate(early + late)]
     answers.append(answer(100.0, "no_tool", weather=True))
     answers.insert(0, answer(200.0, "pleased", weather=True, used_tool=True))  # order: by time
-    said = user_reactions(answers, window=8)
+    asks = [ToolAsk(0, called=False), ToolAsk(0, called=True), ToolAsk(0, called=True)]
+    said = user_reactions(answers, window=8, asks=asks)
     assert said["window"] == 8
     assert said["first"] == {"too_long": 5 / 8, "off_topic": 2 / 8, "pleased": 1 / 8}
     assert said["last"] == {
         "pleased": 5 / 8, "nearly": 1 / 8, "too_long": 1 / 8, "no_tool": 1 / 8
     }  # fmt: skip
     assert (said["weather_answers"], said["answers_after_tool"]) == (2, 1)
-    assert user_reactions(answers[:3], window=8)["window"] == 1  # at most half the answers
+    assert (said["weather_questions"], said["questions_called"]) == (3, 2)  # one never answered
+    assert user_reactions(answers[:3], window=8, asks=[])["window"] == 1  # at most half
     summary = summarise(turns([-1.0] * 10 + [1.0] * 10), 8)
     summary.update(objective="rl", training=training_figures([]), reactions=said)
     markdown = write_report(tmp_path, summary, turns([0.0] * 20))["md"].read_text()
     assert "## What the users said" in markdown
     assert "| too long | 62% | 12% |" in markdown
     assert "| wanted the weather tool used | 0% | 12% |" in markdown
-    assert "Weather questions answered: 2; 1 of the answers came after a call" in markdown
+    assert (
+        "Weather questions: 3, of which 2 got a call to the weather tool as their first "
+        "reply; 2 answered, 1 of the answers after a call." in markdown
+    )
+    assert "| v0 | 3 | 67% | 2 | 50% | 0% |" in markdown  # the fixture's answer names no result
 
 
 def test_the_headline_drift_is_that_of_the_weights_served_last() -> None:
@@ -158,7 +164,7 @@ def test_the_headline_drift_is_that_of_the_weights_served_last() -> None:
     assert out["quality_kept"]["ref_nll"] is True
 
 
-def test_tool_use_per_version_counts_calls_and_answers_that_used_the_result() -> None:
+def test_tool_use_per_version_counts_calls_answers_and_answers_that_used_the_result() -> None:
     def weather(version: int, reply: str, result: str | None) -> TurnLog:
         return TurnLog(user=0, preference="weather_tool", words=3, tokens=5, rating=0.0,
                        version=version, at=float(version), question="Weather in Oslo?",
@@ -174,10 +180,16 @@ def test_tool_use_per_version_counts_calls_and_answers_that_used_the_result() ->
         weather(4, "Oslo has snow.", oslo),
         TurnLog(user=1, preference="limit", words=3, tokens=4, rating=1.0, version=4, at=9.0),
     ]
-    by_version = tool_use_by_version(answers)
-    assert by_version == {
-        "0": {"questions": 2, "tool_call_rate": 0.0, "used_result_rate": None},
-        "3": {"questions": 2, "tool_call_rate": 1.0, "used_result_rate": 0.5},
-        "4": {"questions": 1, "tool_call_rate": 1.0, "used_result_rate": 1.0},
+    # first replies: v0 answered twice without a call; v3 called three times (one question
+    # never got an answer: the model called again after each result); v5 called, no answer
+    asks = [ToolAsk(0, False), ToolAsk(0, False), *[ToolAsk(3, True)] * 3, ToolAsk(5, True)]
+    by_version = tool_use_by_version(answers, asks)
+    row = ("questions", "tool_call_rate", "answers", "answered_after_call_rate",
+           "used_result_rate")  # fmt: skip
+    assert {v: tuple(r[k] for k in row) for v, r in by_version.items()} == {
+        "0": (2, 0.0, 2, 0.0, None),
+        "3": (3, 1.0, 2, 1.0, 0.5),
+        "4": (0, None, 1, 1.0, 1.0),  # answered after v3's call: the answer is v4's
+        "5": (1, 1.0, 0, None, None),
     }
-    assert user_reactions(answers, 2)["tool_use"] == by_version
+    assert user_reactions(answers, 2, asks)["tool_use"] == by_version

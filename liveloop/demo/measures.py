@@ -17,7 +17,7 @@ from liveloop.demo.preferences import TOPICS, Topic
 from liveloop.reading import distinct_n, letter_words, read_reply
 
 if TYPE_CHECKING:
-    from liveloop.demo.users import TurnLog
+    from liveloop.demo.users import ToolAsk, TurnLog
 
 
 def topic_of(question: str) -> Topic | None:
@@ -59,28 +59,38 @@ def _uses(reply: str, result: str) -> bool:
     return bool(facts & {w.lower() for w in letter_words(reply)})
 
 
-def tool_use_by_version(answers: Sequence[TurnLog]) -> dict[str, dict[str, Any]]:
-    """Per policy version, of the weather questions it answered: how many, the share whose
-    answer came after a call to the weather tool, and the share whose answer used the
-    tool's result (it named the weather the tool reported)."""
+def tool_use_by_version(
+    answers: Sequence[TurnLog], asks: Sequence[ToolAsk]
+) -> dict[str, dict[str, Any]]:
+    """Per policy version, of the weather questions: how many it got first, the share of
+    those its first reply was a call to the weather tool; of the weather questions it
+    answered: how many, the share answered after a call, and the share of those whose
+    answer used the tool's result (it named the weather the tool reported)."""
     out: dict[str, dict[str, Any]] = {}
-    for version in sorted({a.version for a in answers if a.tool_offered}):
+    versions = {a.version for a in answers if a.tool_offered} | {k.version for k in asks}
+    for version in sorted(versions):
+        mine = [k for k in asks if k.version == version]
         weather = [a for a in answers if a.tool_offered and a.version == version]
         called = [a for a in weather if a.used_tool]
         out[str(version)] = {
-            "questions": len(weather),
-            "tool_call_rate": _share([a.used_tool for a in weather]),
+            "questions": len(mine),
+            "tool_call_rate": _share([k.called for k in mine]),
+            "answers": len(weather),
+            "answered_after_call_rate": _share([a.used_tool for a in weather]),
             "used_result_rate": _share([_uses(a.reply, a.tool_result) for a in called]),
         }
     return out
 
 
-def user_reactions(answers: Sequence[TurnLog], window: int) -> dict[str, Any]:
+def user_reactions(
+    answers: Sequence[TurnLog], window: int, asks: Sequence[ToolAsk]
+) -> dict[str, Any]:
     """Why the users reacted as they did, in their first and last `window` answers.
 
     Each answer has one reason (the first thing wrong the user found, or "pleased"), so the
-    shares say where reward is still lost. Weather questions show whether the model ever
-    called the tool before answering: a user who wants it is never pleased without it.
+    shares say where reward is still lost. Weather questions show whether the model called
+    the tool (`asks`: each weather question's first reply) and answered after it: a user who
+    wants it is never pleased without it.
     """
     ordered = sorted(answers, key=lambda a: a.at)
     window = max(1, min(window, len(ordered) // 2))
@@ -89,7 +99,9 @@ def user_reactions(answers: Sequence[TurnLog], window: int) -> dict[str, Any]:
         "window": window,
         "first": _reason_shares(ordered[:window]) if ordered else {},
         "last": _reason_shares(ordered[-window:]) if ordered else {},
+        "weather_questions": len(asks),
+        "questions_called": sum(k.called for k in asks),
         "weather_answers": len(weather),
         "answers_after_tool": sum(a.used_tool for a in weather),
-        "tool_use": tool_use_by_version(ordered),
+        "tool_use": tool_use_by_version(ordered, asks),
     }

@@ -317,10 +317,11 @@ def _reactions(summary: dict[str, Any]) -> list[str]:
         first, last = said["first"].get(reason, 0.0), said["last"].get(reason, 0.0)
         name = REACTIONS.get(reason, reason)
         lines.append(f"| {name} | {_fmt(first, True)} | {_fmt(last, True)} |")
-    if said.get("weather_answers"):
-        lines += ["", f"Weather questions answered: {said['weather_answers']}; "
-                  f"{said['answers_after_tool']} of the answers came after a call to the "
-                  "weather tool."]  # fmt: skip
+    if said.get("weather_questions") or said.get("weather_answers"):
+        lines += ["", f"Weather questions: {said.get('weather_questions', '-')}, of which "
+                  f"{said.get('questions_called', '-')} got a call to the weather tool as "
+                  f"their first reply; {said['weather_answers']} answered, "
+                  f"{said['answers_after_tool']} of the answers after a call."]  # fmt: skip
     return lines + _tool_use(said.get("tool_use") or {})
 
 
@@ -328,11 +329,13 @@ def _tool_use(by_version: dict[str, dict[str, Any]]) -> list[str]:
     """Per version: weather questions, how often the tool was called, the result used."""
     if not by_version:
         return []
-    lines = ["", "| version | weather questions | answered after a tool call | answer used "
-             "the result |", "|---|---|---|---|"]  # fmt: skip
+    lines = ["", "| version | weather questions | first reply a tool call | answers | "
+             "answered after a call | answer used the result |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for version, row in by_version.items():
         lines.append(
             f"| v{version} | {row['questions']} | {_fmt(row['tool_call_rate'], True)} | "
+            f"{row.get('answers', '-')} | {_fmt(row.get('answered_after_call_rate'), True)} | "
             f"{_fmt(row['used_result_rate'], True)} |"
         )
     return lines

@@ -222,7 +222,7 @@ def _run_loops(
             turns_per_update=turns_per_update,
             user_errors=stats.errors,
             wall_seconds=time.time() - started_at,
-            reactions=user_reactions(stats.turns, settings.demo.window_turns),
+            reactions=user_reactions(stats.turns, settings.demo.window_turns, stats.tool_asks),
         )
         _add_wall_clock(summary, turns, started_at)
         summary["eval"], summary["hint_examples"] = compare_versions(

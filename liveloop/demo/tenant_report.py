@@ -197,6 +197,9 @@ def _reasons(figures: dict[str, Any]) -> str:
         return ", ".join(f"{reason} {share:.0%}" for reason, share in window.items()) or "none"
 
     text = f"{shares(said.get('first') or {})} -> {shares(said.get('last') or {})}"
+    if said.get("weather_questions"):
+        text += f"; {said['questions_called']} of {said['weather_questions']} weather questions "
+        text += "got a tool call first"
     if said.get("weather_answers"):
         text += f"; {said['answers_after_tool']} of {said['weather_answers']} weather answers "
         text += "came after a tool call"

@@ -115,7 +115,7 @@ def run_scope(
             mine = [t for t in turns if t.tenant == _tenant_id(tenant)]
             base = _held_out(supervisor.base_url, settings, tenant)
             figures = tenant_figures(mine, settings, base, finals[tenant.label])
-            figures["reactions"] = user_reactions(stats.turns, demo.window_turns)
+            figures["reactions"] = user_reactions(stats.turns, demo.window_turns, stats.tool_asks)
             run.tenants[tenant.label] = figures
     finally:
         supervisor.stop()

@@ -71,11 +71,22 @@ class TurnLog:
     tool_result: str = ""  # what the tool returned, when it was called
 
 
+@dataclass(frozen=True)
+class ToolAsk:
+    """The first reply to a question asked with the weather tool offered: which version
+    served it and whether it called the tool. Kept apart from `TurnLog`s, which are answers:
+    a model that calls the tool again after every result never answers the question."""
+
+    version: int
+    called: bool
+
+
 @dataclass
 class UserStats:
     """Everything the population saw, for the report."""
 
     turns: list[TurnLog] = field(default_factory=list)
+    tool_asks: list[ToolAsk] = field(default_factory=list)
     errors: int = 0
 
 
@@ -146,6 +157,7 @@ class SimulatedUser:
         messages: list[dict[str, Any]] = [{"role": "user", "content": question.text}]
         tool_result: str | None = None
         unanswered: TurnLog | None = None  # the last reply, while the user has not replied
+        first_reply = True  # the next reply is the first to `question`
         for _turn in range(self.run.turns_per_session):
             if time.monotonic() > deadline:
                 break
@@ -156,6 +168,9 @@ class SimulatedUser:
             completion, version = await self._ask(session, messages, question.wants_tool)
             unanswered = None  # the request carried the user's reaction to it
             message = completion.choices[0].message
+            if question.wants_tool and first_reply:
+                stats.tool_asks.append(ToolAsk(version, bool(message.tool_calls)))
+            first_reply = False
             messages.append(_assistant_message(message))
             if message.tool_calls and question.wants_tool:
                 results = [run_tool(call) for call in messages[-1]["tool_calls"]]
@@ -165,7 +180,7 @@ class SimulatedUser:
                 continue
             self._log(stats, question, message.content or "", completion, version, tool_result)
             unanswered = stats.turns[-1]
-            question, tool_result = self.preference.ask(self.rng), None
+            question, tool_result, first_reply = self.preference.ask(self.rng), None, True
             messages.append({"role": "user", "content": f"{unanswered.reaction} {question.text}"})
         if unanswered is not None and self.run.record:
             await self._leave_feedback(session, unanswered)
