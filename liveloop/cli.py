@@ -82,9 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmds["demo"].add_argument(
         "--preset",
         help="demo preset: a name (" + ", ".join(presets.available()) + ") or a .toml file "
-        "(default: the model's own preset, else smollm2-135m's; with no model chosen, "
-        + presets.DEMO_DEFAULT
-        + "'s)",
+        "(default: the model's own preset, else smollm2-135m's)",
     )
     cmds["demo"].add_argument(
         "--tenants",
@@ -185,14 +183,12 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
     server = _engine_overrides(args)
     if server:
         overrides["server"] = server
-    yours = load_settings(args.config, **overrides)
-    chosen = yours.model if "model" in yours.model_fields_set else None
-    return load_settings(config_files(args, chosen), **overrides)
+    files = config_files(args, load_settings(args.config, **overrides).model)
+    return load_settings(files, **overrides)
 
 
-def config_files(args: argparse.Namespace, model: str | None) -> list[Path]:
-    """The TOML files a command reads: yours, under the demo's preset for `demo` (`model`:
-    the model your flags, files or environment chose, None if none did)."""
+def config_files(args: argparse.Namespace, model: str) -> list[Path]:
+    """The TOML files a command reads: yours, under the demo's preset for `demo`."""
     files = list(args.config or [])
     if args.command == "demo":
         asked = args.preset or ("tenants" if args.tenants else None)

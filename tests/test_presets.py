@@ -46,28 +46,3 @@ def test_the_demo_reads_its_preset_under_your_file_and_flags(tmp_path: Path) -> 
     assert two.demo.tenants == 2 and two.demo.scopes == ["shared"]
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         settings_from_args(build_parser().parse_args(["demo", "--preset", "nope"]))
-
-
-def test_the_demo_with_no_model_chosen_is_the_instruct_models(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`make demo` runs `liveloop demo` bare: the 0.5B instruct model's preset, unless a flag,
-    your file or the environment chose a model (then that model's preset, as before)."""
-    monkeypatch.delenv("LIVELOOP_MODEL", raising=False)
-    bare = build_parser().parse_args(["demo"])
-    assert config_files(bare, None) == [presets.preset_path(presets.DEMO_DEFAULT)]
-    default = settings_from_args(bare)
-    assert default.model == "qwen2.5-coder-0.5b" and default.demo.objectives == ["rl"]
-    assert default.demo.turns_per_update == 12 and default.trainer.lora.enabled
-    mine = tmp_path / "mine.toml"
-    mine.write_text('model = "smollm2-135m"\n')
-    by_file = settings_from_args(build_parser().parse_args(["demo", "--config", str(mine)]))
-    assert by_file.model == "smollm2-135m" and by_file.demo.turns_per_update == 24
-    flag = settings_from_args(build_parser().parse_args(["demo", "--model", "smollm2-135m"]))
-    assert flag.model == "smollm2-135m" and flag.demo.turns_per_update == 24
-    monkeypatch.setenv("LIVELOOP_MODEL", "tiny-random")
-    by_env = settings_from_args(build_parser().parse_args(["demo"]))
-    assert by_env.model == "tiny-random" and by_env.demo.objectives == ["combine"]
-    monkeypatch.delenv("LIVELOOP_MODEL")
-    up = settings_from_args(build_parser().parse_args(["up"]))
-    assert up.model == "smollm2-135m"  # only the demo's default changed

@@ -16,10 +16,6 @@ from liveloop.config.base import ConfigError
 DIRECTORY = Path(__file__).resolve().parent
 # The preset of a model without one of its own.
 FALLBACK = "smollm2-135m"
-# The preset of `liveloop demo` when no model is chosen (by flag, settings file or
-# environment): the instruct model whose demo showed the most learning with its replies'
-# quality kept in 15 minutes on two cores (docs/experiments.md, 2026-11-26).
-DEMO_DEFAULT = "qwen2.5-coder-0.5b"
 
 
 def available() -> list[str]:
@@ -40,11 +36,8 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def demo_preset(model: str | None, asked: str | None = None) -> Path:
-    """The preset `liveloop demo` reads: the one asked for, the default demo's when no model
-    was chosen (`model` None), the model's own, or the fallback."""
+def demo_preset(model: str, asked: str | None = None) -> Path:
+    """The preset `liveloop demo` reads: the one asked for, the model's own, or the fallback."""
     if asked is not None:
         return preset_path(asked)
-    if model is None:
-        return preset_path(DEMO_DEFAULT)
     return preset_path(model if model in available() else FALLBACK)
