@@ -54,8 +54,8 @@ def spread(values: list[float | None]) -> dict[str, Any]:
 
 def _last_tool_rate(run: dict[str, Any]) -> float | None:
     """The share of weather questions whose first reply was a tool call, in the last version
-    that got any (in results written before 2026-11-26's afternoon: the share of weather
-    answers that came after a call)."""
+    that got any (in results written before commit 0c02393: the share of weather answers
+    that came after a call)."""
     by_version = run.get("tool_use") or {}
     if not by_version:
         return None

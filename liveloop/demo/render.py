@@ -317,9 +317,9 @@ def _reactions(summary: dict[str, Any]) -> list[str]:
         first, last = said["first"].get(reason, 0.0), said["last"].get(reason, 0.0)
         name = REACTIONS.get(reason, reason)
         lines.append(f"| {name} | {_fmt(first, True)} | {_fmt(last, True)} |")
-    if said.get("weather_questions") or said.get("weather_answers"):
-        lines += ["", f"Weather questions: {said.get('weather_questions', '-')}, of which "
-                  f"{said.get('questions_called', '-')} got a call to the weather tool as "
+    if said.get("weather_questions"):  # every answered weather question had a first reply
+        lines += ["", f"Weather questions: {said['weather_questions']}, of which "
+                  f"{said['questions_called']} got a call to the weather tool as "
                   f"their first reply; {said['weather_answers']} answered, "
                   f"{said['answers_after_tool']} of the answers after a call."]  # fmt: skip
     return lines + _tool_use(said.get("tool_use") or {})
@@ -335,7 +335,7 @@ def _tool_use(by_version: dict[str, dict[str, Any]]) -> list[str]:
     for version, row in by_version.items():
         lines.append(
             f"| v{version} | {row['questions']} | {_fmt(row['tool_call_rate'], True)} | "
-            f"{row.get('answers', '-')} | {_fmt(row.get('answered_after_call_rate'), True)} | "
+            f"{row['answers']} | {_fmt(row['answered_after_call_rate'], True)} | "
             f"{_fmt(row['used_result_rate'], True)} |"
         )
     return lines

@@ -65,13 +65,13 @@ def name_tag_step(
             return ("drop", len(text), [])
         return ("text", len(NAME_OPEN), [])
     body = text[head.end() : len(text) if close < 0 else close].strip()
-    calls = _offered_call(head.group(1), body, offered)
+    calls = _tagged_call(head.group(1), body, offered)
     if calls is None:
         return ("text", len(NAME_OPEN), [])
     return ("calls", len(text) if close < 0 else close + len(ARGUMENTS_CLOSE), calls)
 
 
-def _offered_call(
+def _tagged_call(
     name: str, arguments: str, offered: Mapping[str, ToolSpec]
 ) -> list[ParsedCall] | None:
     """The call when `arguments` is one JSON object and the call is valid for `offered`."""
