@@ -458,11 +458,15 @@ async def test_a_flood_of_cached_one_token_requests_holds_back_no_swap(
     await eng.start()
     try:
         await collect(eng, PROMPTS[3], greedy(1))  # the prompt is in the prefix cache now
+        new_weights = perturbed(model_copy)
         flood = [asyncio.create_task(collect(eng, PROMPTS[3], greedy(1))) for _ in range(300)]
         await asyncio.sleep(0)  # every request queued before the swap
-        await eng.swap_weights(perturbed(model_copy), version=2)
+        await eng.swap_weights(new_weights, version=2)
         versions = [out[0].version for out in await asyncio.gather(*flood)]
-        assert versions.count(1) <= 16, versions.count(1)  # a few iterations' admissions
-        assert versions.count(2) >= 284 and set(versions) <= {1, 2}
+        # The decode thread goes on admitting (4 a step) while the swap is validated in a
+        # thread, so how many reach v1 depends on the machine's load (6-12 here, 18 seen in
+        # CI); a swap held back by the flood would leave all 300 on v1.
+        assert versions.count(1) <= 60, versions.count(1)
+        assert versions.count(2) >= 240 and set(versions) <= {1, 2}
     finally:
         await eng.stop()
