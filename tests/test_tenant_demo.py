@@ -133,6 +133,7 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.solo
 def test_tenants_demo_on_tiny_random_trains_each_tenants_adapter_apart(tmp_path: Path) -> None:
     """`liveloop demo --tenants 2 --scope tenant` end to end (tiny-random with the tenants
     preset's adapters): each tenant's turns judged, its own adapter trained and served to it,

@@ -206,7 +206,7 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
         reg.add_model_version(8, str(path), None, adapter=A, tenant=A)
         reg.upsert_session(session_a, A)
     await asyncio.to_thread(_ask, server, B, "archived too")
-    await asyncio.to_thread(_turn_of, server, "archived too")
+    await _collect(server, [await asyncio.to_thread(_turn_of, server, "archived too")])
     sync = redis.Redis.from_url(server.redis_url, decode_responses=True)
     archive = server.data_dir / "archive"  # where `liveloop serve` was told it is
     writer = ArchiveWriter(archive, bus.stream_key(bus.TURNS))

@@ -95,6 +95,7 @@ def test_up_runs_restarts_and_stops_everything(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.solo
 def test_demo_on_tiny_random_learns_within_four_minutes(tmp_path: Path) -> None:
     port = free_port_block()
     cmd = [*CLI, "demo", "--model", "tiny-random", "--minutes", "4", "--port", str(port)]
@@ -151,6 +152,7 @@ def test_eval_runs_held_out_users_against_one_version(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.solo
 def test_demo_with_opd_on_tiny_random_distils_from_its_hints(tmp_path: Path) -> None:
     """`--objective opd` end to end: the rules judge turns the users' corrections into
     directive hints, the trainer trains on the hinted turns with a teacher told the hint
