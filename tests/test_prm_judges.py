@@ -99,6 +99,43 @@ async def test_rules_judge_steps_feedback_and_timeout() -> None:
     assert timed_out is not None and timed_out.score == 0.0
 
 
+def _call(call_id: str, city: str, spacing: str = " ") -> dict[str, Any]:
+    arguments = '{"city":' + spacing + json.dumps(city) + ', "units": "metric"}'
+    return {"id": call_id, "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
+
+
+def _called(*calls: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": list(calls)}
+
+
+async def test_a_call_repeated_after_its_result_scores_low_whatever_follows() -> None:
+    """The Coder models call the weather tool again after its result; scored by the second
+    result (tool_ok_score) that loop would be rewarded. Same name and arguments (spacing
+    aside) as a call the conversation answered: repeated_call_score."""
+    oslo = [user("Weather in Oslo?"), _called(_call("c1", "Oslo")), tool("Oslo: 17 C", "c1")]
+    asked = [user("Weather in Oslo?"), _called(_call("c1", "Oslo"))]  # no result yet
+
+    async def score(messages: list[dict[str, Any]], reply: dict[str, Any], **rules: Any) -> Any:
+        turn = make_turn("s", 1, messages, "")
+        turn.response = reply
+        judge = RulesJudge()
+        if rules:
+            settings = load_settings(prm={"rules": rules})
+            judge = RulesJudge(judge_context("rules", settings.prm, settings.shared()))
+        return await judge.score(JudgeRequest.for_turn(turn, NextState(messages=[tool("ok")])))
+
+    again = await score(oslo, _called(_call("c2", "Oslo", spacing="  ")))
+    assert again.score == -0.5 and again.hint.startswith("repeated tool call: get_weather")
+    for other in (
+        await score(oslo, _called(_call("c2", "Bergen"))),  # another city: a new question
+        await score(asked, _called(_call("c2", "Oslo"))),  # the first call was never answered
+        await score(oslo, {"role": "assistant", "content": "It is 17 C in Oslo."}),
+        await score(oslo, _called(_call("c2", "Oslo")), repeated_call_score=None),  # off
+    ):
+        assert other.score == 0.25 and other.hint is None  # scored by the tool result after it
+
+
 async def test_feedback_judge_is_decisive_only_with_feedback() -> None:
     assert await FeedbackJudge().score(request_with([user("thanks")])) is None
     result = await FeedbackJudge().score(request_with(None, fb(-0.5)))

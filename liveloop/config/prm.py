@@ -133,6 +133,15 @@ class RulesJudgeConfig(Section):
     tool_ok_score: float = Field(
         0.25, ge=-1, le=1, description="Score of a tool result without an error."
     )
+    repeated_call_score: float | None = Field(
+        -0.5,
+        ge=-1,
+        le=1,
+        description="Score of a reply that calls a tool again with the same arguments after "
+        "the conversation already holds that call's result (the tool has answered; calling it "
+        "again is no progress and, scored like any tool result, would be rewarded); unset = "
+        "such a turn is scored by what followed it, like any other.",
+    )
     neutral_score: float = Field(
         0.0, ge=-1, le=1, description="Score of a user reply that matches no pattern."
     )

@@ -7,6 +7,10 @@ scores `approval_score`, anything else `neutral_score`; a tool result that shows
 The turn's score is the mean of its step scores. Explicit feedback gives its own score, and
 a turn with no next state gets `timeout_score` (or no opinion when that is unset).
 
+A reply that calls a tool again with the same arguments, when the conversation already
+holds that call's result, scores `repeated_call_score` whatever follows: the tool's second
+result would otherwise reward a model for never answering from the first.
+
 The directive hint is what the user said the reply should have been: the sentences of their
 reply that match a directive pattern ("Shorter, please: 20 words at most." out of "Shorter,
 please: 20 words at most. Tell me about bees."), or the comment of explicit feedback.
@@ -14,6 +18,7 @@ please: 20 words at most. Tell me about bees."), or the comment of explicit feed
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -62,11 +67,28 @@ class RulesJudge(JudgeBase):
                 hint="explicit feedback",
                 directive_hint=clean_hint(state.feedback.comment, *self._hint_chars),
             )
+        repeated = self._repeated_call(request)
+        if repeated is not None:
+            return repeated
         if state.messages is None:
             if self.config.timeout_score is None:
                 return None
             return JudgeResult(score=self.config.timeout_score, hint="no next state")
         return self.score_messages(state.messages)
+
+    def _repeated_call(self, request: JudgeRequest) -> JudgeResult | None:
+        """`repeated_call_score` when the reply repeats a call whose result it was shown."""
+        if self.config.repeated_call_score is None:
+            return None
+        answered = answered_calls(request.messages)
+        for call in request.response.get("tool_calls") or []:
+            name, arguments = call_signature(call)
+            if (name, arguments) in answered:
+                return JudgeResult(
+                    score=self.config.repeated_call_score,
+                    hint=f"repeated tool call: {name} was already answered with these arguments",
+                )
+        return None
 
     def score_messages(self, messages: list[dict[str, Any]]) -> JudgeResult:
         """Step scores of the new messages and their mean."""
@@ -119,3 +141,29 @@ class RulesJudge(JudgeBase):
         if found:
             return self.config.approval_score, f"approval: {found.group(0).strip()!r}"
         return self.config.neutral_score, None
+
+
+def call_signature(call: dict[str, Any]) -> tuple[str, str]:
+    """A tool call's name and its arguments as canonical JSON (key order, spacing ignored)."""
+    function = call.get("function") or {}
+    raw = function.get("arguments")
+    try:
+        arguments = json.dumps(json.loads(raw) if isinstance(raw, str) else raw, sort_keys=True)
+    except ValueError:
+        arguments = str(raw)
+    return str(function.get("name")), arguments
+
+
+def answered_calls(messages: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The calls of the conversation's assistant messages that a tool message answered."""
+    by_id: dict[str, tuple[str, str]] = {}
+    answered: set[tuple[str, str]] = set()
+    for message in messages:
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or []:
+                by_id[str(call.get("id"))] = call_signature(call)
+        elif message.get("role") in TOOL_ROLES:
+            signature = by_id.get(str(message.get("tool_call_id")))
+            if signature is not None:
+                answered.add(signature)
+    return answered
