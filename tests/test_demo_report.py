@@ -126,6 +126,7 @@ def test_report_says_why_users_were_unhappy_early_and_late(tmp_path: Path) -> No
     answers.append(answer(100.0, "no_tool", weather=True))
     answers.insert(0, answer(200.0, "pleased", weather=True, used_tool=True))  # order: by time
     asks = [ToolAsk(0, called=False), ToolAsk(0, called=True), ToolAsk(0, called=True)]
+    asks.append(ToolAsk(0, called=True, after_result=True))  # a re-call: not a question
     said = user_reactions(answers, window=8, asks=asks)
     assert said["window"] == 8
     assert said["first"] == {"too_long": 5 / 8, "off_topic": 2 / 8, "pleased": 1 / 8}
@@ -145,7 +146,7 @@ def test_report_says_why_users_were_unhappy_early_and_late(tmp_path: Path) -> No
         "Weather questions: 3, of which 2 got a call to the weather tool as their first "
         "reply; 2 answered, 1 of the answers after a call." in markdown
     )
-    assert "| v0 | 3 | 67% | 2 | 50% | 0% |" in markdown  # the fixture's answer names no result
+    assert "| v0 | 3 | 67% | 1 | 100% | 2 | 50% | 0% |" in markdown  # its answer names no result
 
 
 def test_the_headline_drift_is_that_of_the_weights_served_last() -> None:
@@ -181,15 +182,18 @@ def test_tool_use_per_version_counts_calls_answers_and_answers_that_used_the_res
         TurnLog(user=1, preference="limit", words=3, tokens=4, rating=1.0, version=4, at=9.0),
     ]
     # first replies: v0 answered twice without a call; v3 called three times (one question
-    # never got an answer: the model called again after each result); v5 called, no answer
+    # never got an answer: the model called again after each result, twice on v3 and once
+    # on v4, which answered the other questions after their results); v5 called, no answer
     asks = [ToolAsk(0, False), ToolAsk(0, False), *[ToolAsk(3, True)] * 3, ToolAsk(5, True)]
+    asks += [*[ToolAsk(3, True, after_result=True)] * 2, ToolAsk(4, True, after_result=True)]
+    asks += [ToolAsk(4, False, after_result=True)] * 3
     by_version = tool_use_by_version(answers, asks)
-    row = ("questions", "tool_call_rate", "answers", "answered_after_call_rate",
-           "used_result_rate")  # fmt: skip
+    row = ("questions", "tool_call_rate", "after_result", "recall_rate", "answers",
+           "answered_after_call_rate", "used_result_rate")  # fmt: skip
     assert {v: tuple(r[k] for k in row) for v, r in by_version.items()} == {
-        "0": (2, 0.0, 2, 0.0, None),
-        "3": (3, 1.0, 2, 1.0, 0.5),
-        "4": (0, None, 1, 1.0, 1.0),  # answered after v3's call: the answer is v4's
-        "5": (1, 1.0, 0, None, None),
+        "0": (2, 0.0, 0, None, 2, 0.0, None),
+        "3": (3, 1.0, 2, 1.0, 2, 1.0, 0.5),
+        "4": (0, None, 4, 0.25, 1, 1.0, 1.0),  # answered after v3's call: the answer is v4's
+        "5": (1, 1.0, 0, None, 0, None, None),
     }
     assert user_reactions(answers, 2, asks)["tool_use"] == by_version

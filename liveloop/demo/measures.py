@@ -63,18 +63,22 @@ def tool_use_by_version(
     answers: Sequence[TurnLog], asks: Sequence[ToolAsk]
 ) -> dict[str, dict[str, Any]]:
     """Per policy version, of the weather questions: how many it got first, the share of
-    those its first reply was a call to the weather tool; of the weather questions it
+    those its first reply was a call to the weather tool; of its replies that followed a
+    tool result, the share that called the tool again; of the weather questions it
     answered: how many, the share answered after a call, and the share of those whose
     answer used the tool's result (it named the weather the tool reported)."""
     out: dict[str, dict[str, Any]] = {}
     versions = {a.version for a in answers if a.tool_offered} | {k.version for k in asks}
     for version in sorted(versions):
-        mine = [k for k in asks if k.version == version]
+        mine = [k for k in asks if k.version == version and not k.after_result]
+        after = [k for k in asks if k.version == version and k.after_result]
         weather = [a for a in answers if a.tool_offered and a.version == version]
         called = [a for a in weather if a.used_tool]
         out[str(version)] = {
             "questions": len(mine),
             "tool_call_rate": _share([k.called for k in mine]),
+            "after_result": len(after),
+            "recall_rate": _share([k.called for k in after]),
             "answers": len(weather),
             "answered_after_call_rate": _share([a.used_tool for a in weather]),
             "used_result_rate": _share([_uses(a.reply, a.tool_result) for a in called]),
@@ -99,8 +103,8 @@ def user_reactions(
         "window": window,
         "first": _reason_shares(ordered[:window]) if ordered else {},
         "last": _reason_shares(ordered[-window:]) if ordered else {},
-        "weather_questions": len(asks),
-        "questions_called": sum(k.called for k in asks),
+        "weather_questions": sum(not k.after_result for k in asks),
+        "questions_called": sum(k.called for k in asks if not k.after_result),
         "weather_answers": len(weather),
         "answers_after_tool": sum(a.used_tool for a in weather),
         "tool_use": tool_use_by_version(ordered, asks),

@@ -329,12 +329,13 @@ def _tool_use(by_version: dict[str, dict[str, Any]]) -> list[str]:
     """Per version: weather questions, how often the tool was called, the result used."""
     if not by_version:
         return []
-    lines = ["", "| version | weather questions | first reply a tool call | answers | "
-             "answered after a call | answer used the result |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["", "| version | weather questions | first reply a tool call | replies after a "
+             "result | of those, a call again | answers | answered after a call | answer "
+             "used the result |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for version, row in by_version.items():
         lines.append(
             f"| v{version} | {row['questions']} | {_fmt(row['tool_call_rate'], True)} | "
+            f"{row['after_result']} | {_fmt(row['recall_rate'], True)} | "
             f"{row['answers']} | {_fmt(row['answered_after_call_rate'], True)} | "
             f"{_fmt(row['used_result_rate'], True)} |"
         )

@@ -73,12 +73,14 @@ class TurnLog:
 
 @dataclass(frozen=True)
 class ToolAsk:
-    """The first reply to a question asked with the weather tool offered: which version
-    served it and whether it called the tool. Kept apart from `TurnLog`s, which are answers:
-    a model that calls the tool again after every result never answers the question."""
+    """A reply to a question asked with the weather tool offered, before its answer: the
+    first reply, or one that followed a tool result (`after_result`); which version served
+    it and whether it called the tool. Kept apart from `TurnLog`s, which are answers: a
+    model that calls the tool again after every result never answers the question."""
 
     version: int
     called: bool
+    after_result: bool = False
 
 
 @dataclass
@@ -168,8 +170,9 @@ class SimulatedUser:
             completion, version = await self._ask(session, messages, question.wants_tool)
             unanswered = None  # the request carried the user's reaction to it
             message = completion.choices[0].message
-            if question.wants_tool and first_reply:
-                stats.tool_asks.append(ToolAsk(version, bool(message.tool_calls)))
+            if question.wants_tool and (first_reply or tool_result is not None):
+                called = bool(message.tool_calls)
+                stats.tool_asks.append(ToolAsk(version, called, after_result=not first_reply))
             first_reply = False
             messages.append(_assistant_message(message))
             if message.tool_calls and question.wants_tool:
