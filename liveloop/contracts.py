@@ -6,6 +6,7 @@ readable with a plain XRANGE. Bump SCHEMA_VERSION on an incompatible change.
 
 from __future__ import annotations
 
+import json
 import time
 from enum import StrEnum
 from typing import Any, Literal, get_args
@@ -55,6 +56,19 @@ def turn_key(session_id: str, turn_index: int | str, sample_index: int) -> str:
 def group_key(session_id: str, turn_index: int | str) -> str:
     """Key shared by the samples answering one prompt: `session:turn`."""
     return f"{session_id}:{turn_index}"
+
+
+def call_arguments_value(arguments: Any) -> Any:
+    """A tool call's arguments by value (an OpenAI message carries them as a JSON string):
+    clients echo them re-serialized (LangChain dumps the dict it parsed), so `{\n "city":
+    "Oslo"\n}` as sampled and `{"city": "Oslo"}` are one call. A string that is not JSON
+    stays as it is."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
 
 
 class Contract(BaseModel):

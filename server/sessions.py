@@ -30,6 +30,7 @@ import redis
 import redis.asyncio as aredis
 
 from liveloop.bus.keys import prefix_index_key, session_key
+from liveloop.contracts import call_arguments_value
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +101,6 @@ def _flatten(content: Any) -> str:
     return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
 
 
-def _arguments_value(arguments: Any) -> Any:
-    """A call's arguments by value: clients echo them re-serialized (LangChain dumps the dict
-    it parsed), so `{\n "city": "Oslo"\n}` as sampled and `{"city": "Oslo"}` are one call."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
-
-
 def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
     """The parts of a message that identify it; what clients add when echoing is dropped."""
     out: dict[str, Any] = {"role": message.get("role"), "content": _flatten(message.get("content"))}
@@ -119,7 +109,7 @@ def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
         out["tool_calls"] = [
             [
                 c.get("function", {}).get("name"),
-                _arguments_value(c.get("function", {}).get("arguments")),
+                call_arguments_value(c.get("function", {}).get("arguments")),
             ]
             for c in calls
         ]

@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from liveloop.config.prm import HINT_CHARS, RulesJudgeConfig
+from liveloop.contracts import call_arguments_value
 from liveloop.prm.judges.base import (
     JudgeBase,
     JudgeContext,
@@ -78,10 +79,11 @@ class RulesJudge(JudgeBase):
 
     def _repeated_call(self, request: JudgeRequest) -> JudgeResult | None:
         """`repeated_call_score` when the reply repeats a call whose result it was shown."""
-        if self.config.repeated_call_score is None:
+        calls = request.response.get("tool_calls")
+        if not calls or self.config.repeated_call_score is None:
             return None
         answered = answered_calls(request.messages)
-        for call in request.response.get("tool_calls") or []:
+        for call in calls:
             name, arguments = call_signature(call)
             if (name, arguments) in answered:
                 return JudgeResult(
@@ -146,11 +148,7 @@ class RulesJudge(JudgeBase):
 def call_signature(call: dict[str, Any]) -> tuple[str, str]:
     """A tool call's name and its arguments as canonical JSON (key order, spacing ignored)."""
     function = call.get("function") or {}
-    raw = function.get("arguments")
-    try:
-        arguments = json.dumps(json.loads(raw) if isinstance(raw, str) else raw, sort_keys=True)
-    except ValueError:
-        arguments = str(raw)
+    arguments = json.dumps(call_arguments_value(function.get("arguments")), sort_keys=True)
     return str(function.get("name")), arguments
 
 
