@@ -25,6 +25,9 @@ does), all on the base, all on one adapter, and each on its own adapter, alterna
 the modes within each round. Prints one JSON object to stdout; progress goes to stderr.
 
     python -m bench.tenants                              # tiny-random, a few minutes
+On a GPU (`--device cuda`) both parts run there, and the JSON adds the peak GPU memory
+of each trainer configuration and the GPU memory the server's adapters take.
+
     python -m bench.tenants --model smollm2-135m --tenants 1 8 16 --cold-warm 4 --samples 1 \
         --batches 32 --rounds 2
 """
@@ -167,19 +170,26 @@ async def train_tenants(
         lora = {"enabled": True, "rank": args.rank, "alpha": 2 * args.rank}
         trainer_cfg = {"scope": "tenant", "lora": lora, "lr": 1e-4, "read_block_ms": 100,
                        "max_updates": batches, "max_warm_tenants": max_warm,
-                       "gate": {"enabled": False}, "watch": {"enabled": False}}  # fmt: skip
+                       "gate": {"enabled": False}, "watch": {"enabled": False},
+                       "device": args.device}  # fmt: skip
         settings = load_settings(
             redis_url=valkey.url, data_dir=data_dir, model=args.model, trainer=trainer_cfg,
             max_staleness=batches,  # synthetic samples are all of v0: none is dropped as stale
         )  # fmt: skip
         trainer = TimedTenantTrainer(settings.shared(), settings.trainer, judging=settings.prm)
+        cuda = args.device.startswith("cuda")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         run = asyncio.create_task(trainer.run())
         done, _ = await asyncio.wait({run}, timeout=args.run_timeout)
         if not done:  # a batch not trained (it should not happen): stop, report what was done
             trainer.stop()
             await run
         run.result()
-        return {**summarize_run(trainer, tenants, max_warm, batches), "timed_out": not done}
+        result = {**summarize_run(trainer, tenants, max_warm, batches), "timed_out": not done}
+        if cuda:
+            result["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        return result
 
 
 def summarize_run(
@@ -227,17 +237,24 @@ async def trainer_part(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 async def server_part(args: argparse.Namespace) -> dict[str, Any]:
     """`--streams` streams at once on the base, on one adapter, and one adapter each."""
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, device=args.device)
     streams = args.streams
     modes = {"base": 0, "1_adapter": 1, f"{streams}_adapters": streams}
     prompts = bench_prompts(loaded, streams)
     engine = TorchEngine(
-        loaded.model, loaded.tokenizer, max_batch_size=streams, max_loaded_adapters=streams
+        loaded.model,
+        loaded.tokenizer,
+        max_batch_size=streams,
+        max_loaded_adapters=streams,
+        device=args.device,
     )
     await engine.start()
+    cuda = args.device.startswith("cuda")
+    before = torch.cuda.memory_allocated() if cuda else 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, path in enumerate(write_adapters(loaded, Path(tmp), streams, args.rank)):
             await engine.load_adapter(f"a{i}", 1, str(path))
+    adapters_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
     await run_mode(engine, prompts[:2], 2, 4)  # warm-up
     rounds: list[dict[str, dict[str, float]]] = []
     for index in range(args.rounds):
@@ -249,6 +266,12 @@ async def server_part(args: argparse.Namespace) -> dict[str, Any]:
         rounds.append(results)
     await engine.stop()
     out: dict[str, Any] = {"streams": streams, "max_tokens": args.max_tokens}
+    if cuda:
+        out["gpu_gib"] = {
+            "adapters_loaded": round(adapters_gib or 0.0, 4),
+            "per_adapter": round((adapters_gib or 0.0) / streams, 5),
+            "peak": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+        }
     for metric in ("tok_s", "decode_tok_s"):
         out[metric] = {m: round(statistics.median(r[m][metric] for r in rounds), 1) for m in modes}
         out[f"{metric}_vs_base"] = {
@@ -278,6 +301,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "server_unit": "generated tokens/s of all streams over wall time incl. prefill "
         "(median of rounds; ratios: median of per-round ratios)",
         "server": server,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch_threads": torch.get_num_threads(),
         "elapsed_s": round(time.time() - started, 1),
     }
@@ -286,6 +310,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", default="tiny-random")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--tenants", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--cold-warm", type=int, default=8, help="max_warm_tenants, cold run")

@@ -23,7 +23,10 @@ Tokens per second counts real tokens (prompt + completion) for every variant. Ea
 variant runs `--warmup` untimed and `--iters` timed iterations on its own fresh copy of
 the model; the median iteration time is reported.
 
-    python bench/trainer.py [--model tiny-random] [--samples 16] [--iters 5]
+On a GPU (`--device cuda`) every variant runs there, the timings wait for the device
+(`torch.cuda.synchronize`), and each variant's peak GPU memory is reported beside it.
+
+    python bench/trainer.py [--model tiny-random] [--samples 16] [--iters 5] [--device cuda]
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import torch
 from liveloop.config.defaults import model_defaults
 from liveloop.config.trainer import TrainerConfig
 from liveloop.contracts import BatchSample
-from liveloop.models import load_model
+from liveloop.models import load_model, load_tokenizer
 from liveloop.trainer.data import MicroBatch, micro_batches
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater
@@ -114,10 +117,11 @@ def packed_lm_batches(mbs: list[MicroBatch]) -> list[dict[str, torch.Tensor]]:
 
 
 def bare_step(
-    model_spec: str, batches: list[dict[str, torch.Tensor]], lr: float
+    model_spec: str, batches: list[dict[str, torch.Tensor]], lr: float, device: str
 ) -> Callable[[], None]:
     """One bare iteration: forward with labels, backward, AdamW step."""
-    model = load_model(model_spec).model
+    model = load_model(model_spec, device=device).model
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     label_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
@@ -133,9 +137,11 @@ def bare_step(
     return step
 
 
-def sliced_step(model_spec: str, mbs: list[MicroBatch], lr: float) -> Callable[[], None]:
+def sliced_step(
+    model_spec: str, mbs: list[MicroBatch], lr: float, device: str
+) -> Callable[[], None]:
     """Bare iteration on the trainer's packed rows, logits only where completions are predicted."""
-    model = load_model(model_spec).model
+    model = load_model(model_spec, device=device).model
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     total = sum(mb.num_targets for mb in mbs)
@@ -156,16 +162,32 @@ def sliced_step(model_spec: str, mbs: list[MicroBatch], lr: float) -> Callable[[
     return step
 
 
-def timed(step: Callable[[], object], warmup: int, iters: int) -> float:
-    """Median seconds of one call."""
-    for _ in range(warmup):
+def timed(step: Callable[[], object], warmup: int, iters: int, device: str) -> float:
+    """Median seconds of one call (on a GPU, until the device has finished it)."""
+    cuda = device.startswith("cuda")
+
+    def run() -> None:
         step()
+        if cuda:
+            torch.cuda.synchronize()
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(warmup):
+        run()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
-        step()
+        run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def peak_gib(device: str) -> float | None:
+    """Peak GPU memory allocated since the last `timed` began (None on the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2)
 
 
 def main() -> None:
@@ -175,34 +197,48 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
+    device = args.device
+    peaks: dict[str, float | None] = {}
 
-    cfg = TrainerConfig(kl_coef=0.0)
-    policy = load_policy(args.model, "cpu", cfg.lora)
-    samples = make_batch(args.samples, len(policy.tokenizer), args.seed)
+    def measure(name: str, step: Callable[[], object]) -> float:
+        seconds = timed(step, args.warmup, args.iters, device)
+        peaks[name] = peak_gib(device)
+        return seconds
+
+    def time_update(name: str, cfg: TrainerConfig, with_reference: bool) -> float:
+        """The trainer's update on its own policy, freed (GPU memory too) on return."""
+        policy = load_policy(args.model, device, cfg.lora, with_reference=with_reference)
+        updater = PPOUpdater(policy, cfg)
+        return measure(name, lambda: updater.update(samples))
+
+    tokenizer = load_tokenizer(args.model)
+    samples = make_batch(args.samples, len(tokenizer), args.seed)
     tokens = sum(s.num_tokens for s in samples)
-    updater = PPOUpdater(policy, cfg)
-    trainer_s = timed(lambda: updater.update(samples), args.warmup, args.iters)
+    pad_id = tokenizer.pad_token_id or 0
+    cfg = TrainerConfig(kl_coef=0.0, device=device)
+    trainer_s = time_update("trainer", cfg, with_reference=False)
     kl_coef = model_defaults(args.model).kl_coef
-    anchored_cfg = TrainerConfig(kl_coef=kl_coef)
-    anchored = PPOUpdater(
-        load_policy(args.model, "cpu", cfg.lora, with_reference=True), anchored_cfg
-    )
-    anchored_s = timed(lambda: anchored.update(samples), args.warmup, args.iters)
+    anchored_cfg = TrainerConfig(kl_coef=kl_coef, device=device)
+    anchored_s = time_update("trainer_anchored", anchored_cfg, with_reference=True)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
-    pad_id = policy.tokenizer.pad_token_id or 0
     padded = padded_micro_batches(samples, cfg.micro_batch_tokens, pad_id)
-    mbs = micro_batches(samples, cfg.micro_batch_tokens)
+    mbs = micro_batches(samples, cfg.micro_batch_tokens, device)
     packed = packed_lm_batches(mbs)
-    bare_padded_s = timed(bare_step(args.model, padded, cfg.lr), args.warmup, args.iters)
-    bare_packed_s = timed(bare_step(args.model, packed, cfg.lr), args.warmup, args.iters)
-    bare_sliced_s = timed(sliced_step(args.model, mbs, cfg.lr), args.warmup, args.iters)
+    lr = cfg.lr
+    bare_padded_s = measure("bare_padded", bare_step(args.model, padded, lr, device))
+    bare_packed_s = measure("bare_packed", bare_step(args.model, packed, lr, device))
+    bare_sliced_s = measure("bare_sliced", sliced_step(args.model, mbs, lr, device))
 
     best_bare = min(bare_padded_s, bare_packed_s, bare_sliced_s)
     result = {
         "benchmark": "trainer",
         "model": args.model,
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "samples": len(samples),
         "tokens": tokens,
         "completion_tokens": sum(len(s.completion_token_ids) for s in samples),
@@ -219,6 +255,8 @@ def main() -> None:
         "ratio_vs_best_bare": round(best_bare / trainer_s, 3),
         "target_ratio": 0.8,
     }
+    if device.startswith("cuda"):
+        result["peak_gpu_gib"] = peaks
     result["meets_target"] = result["ratio_vs_best_bare"] >= 0.8
     print(json.dumps(result))
 

@@ -151,7 +151,8 @@ def _sampled_logprobs(logits: tuple[torch.Tensor, ...], sampled: torch.Tensor) -
 def reply_logprobs(
     score: Callable[[MicroBatch], torch.Tensor], sampled: Sampled, device: str
 ) -> list[torch.Tensor]:
-    """Each completion token's log-prob under `score` (a model's), one tensor per probe."""
+    """Each completion token's log-prob under `score` (a model's), one tensor per probe, on
+    the CPU beside the sampled replies' own (`sample_replies`), whatever device scored them."""
     import torch
 
     samples = [
@@ -167,7 +168,7 @@ def reply_logprobs(
         for i, (p, c) in enumerate(zip(sampled.prompts, sampled.completions, strict=True))
     ]
     with torch.no_grad():
-        logp = score(build_micro_batch(samples, device))
+        logp = score(build_micro_batch(samples, device)).cpu()
     return list(torch.split(logp, [len(c) for c in sampled.completions]))
 
 
