@@ -69,7 +69,7 @@ def test_smollm2_demo_users_are_paced_by_default_and_a_batch_ships_at_one_versio
     smollm2 = demo_settings("--model", "smollm2-135m")
     assert smollm2.demo.turns_per_update == 24
     assert _child_env(smollm2, "key", 24)["LIVELOOP_COLLECTOR__MIN_TURNS"] == "24"
-    assert demo_settings("--model", "tiny-random").demo.turns_per_update == 0  # free-running
+    assert demo_settings("--model", "tiny-random").demo.turns_per_update == 64
     other = demo_settings("--model", "some/other-model")  # smollm2's preset, another model
     assert other.demo.turns_per_update == 24 and other.model == "some/other-model"
     monkeypatch.setenv("LIVELOOP_DEMO__TURNS_PER_UPDATE", "0")
