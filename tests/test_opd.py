@@ -96,6 +96,49 @@ def test_enhanced_prompt_of_an_extended_follow_up_turn(pol: Policy) -> None:
     assert HintInserter(pol.tokenizer).decode(enhanced.ids) == hinted
 
 
+def test_enhanced_prompt_after_a_call_the_model_wrote_its_own_way(pol: Policy) -> None:
+    """A reply the server turned into tool_calls stays in the follow-up prompt as the model
+    wrote it (a fenced JSON object), not as the template writes calls: the prompt is not the
+    messages' fresh render, yet the hint still goes in after the tool's result (a repeated
+    call's hint, say), and the sampled call stays as it was."""
+    template = ChatTemplate(pol.tokenizer)
+    builder = PromptBuilder(template, pol.tokenizer)
+    tools = [WEATHER_TOOL]
+    first = [user("Weather in Oslo?")]
+    first_ids = template.render_ids(first, tools)
+    written = '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'
+    end = pol.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    completion = [*pol.tokenizer.encode(written, add_special_tokens=False), end]
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    follow_up = [
+        *first,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Oslo: snow, -3 C"},
+    ]
+    previous = PreviousTurn(
+        session_id="s",
+        turn_index=0,
+        sample_index=0,
+        prompt_token_ids=first_ids,
+        completion_token_ids=completion,
+    )
+    built = builder.build(follow_up, tools, previous)
+    assert built.mode == "extended"
+    inserter = HintInserter(pol.tokenizer)
+    assert inserter.decode(built.token_ids) != template.render_text(follow_up, tools)
+    enhanced = inserter.insert(built.token_ids, follow_up, tools, HINT)
+    assert enhanced.failure is None and enhanced.ids is not None
+    head = len(first_ids) + len(completion)
+    assert enhanced.ids[:head] == built.token_ids[:head]  # the call as sampled
+    hinted = template.render_text([*follow_up, {"role": "system", "content": HINT}], tools)
+    through = template.render_text(follow_up[:2], tools, add_generation_prompt=False)
+    assert inserter.decode(enhanced.ids).endswith(hinted[len(through) :])
+    # Another conversation's tail is still a mismatch.
+    other = [*follow_up[:2], {"role": "tool", "tool_call_id": "c1", "content": "Lima: 17 C"}]
+    assert inserter.insert(built.token_ids, other, tools, HINT).failure == "mismatch"
+
+
 def test_no_enhanced_prompt_when_it_cannot_be_exact(pol: Policy) -> None:
     template = ChatTemplate(pol.tokenizer)
     messages = [user("Tell me about bees.")]

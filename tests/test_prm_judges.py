@@ -127,6 +127,16 @@ async def test_a_call_repeated_after_its_result_scores_low_whatever_follows() ->
 
     again = await score(oslo, _called(_call("c2", "Oslo", spacing="  ")))
     assert again.score == -0.5 and again.hint.startswith("repeated tool call: get_weather")
+    # The teacher of hindsight distillation is told what the reply should have done.
+    assert (
+        again.directive_hint is not None and "do not call get_weather again" in again.directive_hint
+    )
+    told = await score(
+        oslo, _called(_call("c2", "Oslo")), repeated_call_hint="Use {name}'s result."
+    )
+    assert told.directive_hint == "Use get_weather's result."
+    silent = await score(oslo, _called(_call("c2", "Oslo")), repeated_call_hint=None)
+    assert silent.score == -0.5 and silent.directive_hint is None
     for other in (
         await score(oslo, _called(_call("c2", "Bergen"))),  # another city: a new question
         await score(asked, _called(_call("c2", "Oslo"))),  # the first call was never answered

@@ -142,6 +142,13 @@ class RulesJudgeConfig(Section):
         "again is no progress and, scored like any tool result, would be rewarded); unset = "
         "such a turn is scored by what followed it, like any other.",
     )
+    repeated_call_hint: str | None = Field(
+        "The tool already returned its result. Answer the user in words from it; do not call "
+        "{name} again.",
+        description="Directive hint of a repeated call (`{name}`: the tool's name): the "
+        "instruction a hindsight-distillation teacher sees beside the turn (`opd`, `combine`); "
+        "unset = such a turn has none.",
+    )
     neutral_score: float = Field(
         0.0, ge=-1, le=1, description="Score of a user reply that matches no pattern."
     )

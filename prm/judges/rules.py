@@ -86,9 +86,11 @@ class RulesJudge(JudgeBase):
         for call in calls:
             name, arguments = call_signature(call)
             if (name, arguments) in answered:
+                directive = self.config.repeated_call_hint
                 return JudgeResult(
                     score=self.config.repeated_call_score,
                     hint=f"repeated tool call: {name} was already answered with these arguments",
+                    directive_hint=directive.replace("{name}", name) if directive else None,
                 )
         return None
 

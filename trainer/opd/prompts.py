@@ -8,7 +8,10 @@ inserted there, rendered the way the template renders a message in that place. T
 completion ids are not touched.
 
 The insertion is checked before it is used: the recorded prompt must decode to the template's
-render of the turn's messages, end with the generation prompt's ids, and the extra
+render of the turn's messages (or, for a follow-up to replies the server turned into tool
+calls, to a render whose text after the last assistant message is the template's own: the
+replies before it are as the model wrote them, see `server/prompting.py`), end with the
+generation prompt's ids, and the extra
 message's text must be what the template adds for it and survive tokenisation unchanged. A
 template that renders differently (one that rejects a message in that place, or changes
 earlier text because of it) gives no enhanced prompt, and the turn is trained without OPD.
@@ -91,6 +94,35 @@ class HintInserter:
             cut = len(ids) - len(header_ids)
             if cut < 0 or ids[cut:] != header_ids:
                 return Enhanced(None, "mismatch")
-        if self.decode(ids) != full:
+        if not self._renders(self.decode(ids), messages, tools, full):
             return Enhanced(None, "mismatch")
         return Enhanced(ids[:cut] + extra_ids + ids[cut:])
+
+    def _renders(
+        self,
+        text: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        full: str,
+    ) -> bool:
+        """Whether a recorded prompt's `text` is these messages' render `full`, or a prompt
+        the server extended token-exactly: the same text after the last assistant message
+        (what the hint goes at the end of), the assistant replies before it as sampled."""
+        if text == full:
+            return True
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        if last < 0:
+            return False
+        try:
+            through = self.template.render_text(
+                messages[: last + 1], tools, add_generation_prompt=False
+            )
+        except ToolRequestError:  # a template that will not end on an assistant message
+            return False
+        tail = full[len(through) :]
+        return (
+            full.startswith(through)
+            and bool(tail)
+            and len(text) > len(tail)
+            and text.endswith(tail)
+        )
