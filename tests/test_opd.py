@@ -50,6 +50,17 @@ def user(text: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
 
 
+def first_turn(prompt: list[int], completion: list[int]) -> PreviousTurn:
+    """A session's first served turn, as the server remembers it for the follow-up."""
+    return PreviousTurn(
+        session_id="s",
+        turn_index=0,
+        sample_index=0,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+    )
+
+
 @pytest.mark.parametrize("role", ["user", "system"])
 @pytest.mark.parametrize("tools", [None, [WEATHER_TOOL]])
 def test_enhanced_prompt_is_a_fresh_render_with_the_hint_inserted(
@@ -79,13 +90,7 @@ def test_enhanced_prompt_of_an_extended_follow_up_turn(pol: Policy) -> None:
     completion = [*sampled, end]
     reply = pol.tokenizer.decode(sampled)
     follow_up = [*first, {"role": "assistant", "content": reply}, user("And owls?")]
-    previous = PreviousTurn(
-        session_id="s",
-        turn_index=0,
-        sample_index=0,
-        prompt_token_ids=first_ids,
-        completion_token_ids=completion,
-    )
+    previous = first_turn(first_ids, completion)
     built = builder.build(follow_up, None, previous)
     assert built.mode == "extended"
     enhanced = HintInserter(pol.tokenizer).insert(built.token_ids, follow_up, None, HINT)
@@ -116,13 +121,7 @@ def test_enhanced_prompt_after_a_call_the_model_wrote_its_own_way(pol: Policy) -
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "Oslo: snow, -3 C"},
     ]
-    previous = PreviousTurn(
-        session_id="s",
-        turn_index=0,
-        sample_index=0,
-        prompt_token_ids=first_ids,
-        completion_token_ids=completion,
-    )
+    previous = first_turn(first_ids, completion)
     built = builder.build(follow_up, tools, previous)
     assert built.mode == "extended"
     inserter = HintInserter(pol.tokenizer)
