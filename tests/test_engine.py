@@ -464,9 +464,10 @@ async def test_a_flood_of_cached_one_token_requests_holds_back_no_swap(
         await eng.swap_weights(new_weights, version=2)
         versions = [out[0].version for out in await asyncio.gather(*flood)]
         # The decode thread goes on admitting (4 a step) while the swap is validated in a
-        # thread, so how many reach v1 depends on the machine's load (6-12 here, 18 seen in
-        # CI); a swap held back by the flood would leave all 300 on v1.
-        assert versions.count(1) <= 60, versions.count(1)
-        assert versions.count(2) >= 240 and set(versions) <= {1, 2}
+        # thread, so how many reach v1 depends on the machine's load (6-12 alone, 18 seen in
+        # CI, 79 beside another pytest worker); a swap held back by the flood would leave
+        # all 300 on v1.
+        assert versions.count(1) <= 200, versions.count(1)
+        assert versions.count(2) >= 100 and set(versions) <= {1, 2}
     finally:
         await eng.stop()
