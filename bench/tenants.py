@@ -25,11 +25,11 @@ does), all on the base, all on one adapter, and each on its own adapter, alterna
 the modes within each round. Prints one JSON object to stdout; progress goes to stderr.
 
     python -m bench.tenants                              # tiny-random, a few minutes
-On a GPU (`--device cuda`) both parts run there, and the JSON adds the peak GPU memory
-of each trainer configuration and the GPU memory the server's adapters take.
-
     python -m bench.tenants --model smollm2-135m --tenants 1 8 16 --cold-warm 4 --samples 1 \
         --batches 32 --rounds 2
+
+On a GPU (`--device cuda`) both parts run there, and the JSON adds the peak GPU memory
+of each trainer configuration and the GPU memory the server's adapters take.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ async def server_part(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for i, path in enumerate(write_adapters(loaded, Path(tmp), streams, args.rank)):
             await engine.load_adapter(f"a{i}", 1, str(path))
-    adapters_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
+    adapters_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else 0.0
     await run_mode(engine, prompts[:2], 2, 4)  # warm-up
     rounds: list[dict[str, dict[str, float]]] = []
     for index in range(args.rounds):
@@ -268,8 +268,8 @@ async def server_part(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"streams": streams, "max_tokens": args.max_tokens}
     if cuda:
         out["gpu_gib"] = {
-            "adapters_loaded": round(adapters_gib or 0.0, 4),
-            "per_adapter": round((adapters_gib or 0.0) / streams, 5),
+            "adapters_loaded": round(adapters_gib, 4),
+            "per_adapter": round(adapters_gib / streams, 5),
             "peak": round(torch.cuda.max_memory_allocated() / 2**30, 3),
         }
     for metric in ("tok_s", "decode_tok_s"):
