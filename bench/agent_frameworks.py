@@ -11,7 +11,8 @@ in `liveloop:turns` and how many sessions they fell into (one: the tool result w
 to the call it answers, so the judge sees it as that turn's next state).
 Needs the `agents` extra: `pip install -e '.[agents]'`.
 
-    python bench/agent_frameworks.py [--model qwen2.5-coder-0.5b] [--max-tokens 96]
+    python bench/agent_frameworks.py [--model qwen2.5-coder-0.5b] [--max-tokens 96] [--runs 3]
+        [--tool-result-reminder '']    # '' serves without the model's reminder, to compare
 
 (Not `bench/agents.py`: run as a script, that name would shadow the Agents SDK's `agents`.)
 """
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from liveloop.config import SharedSettings  # noqa: E402
 from liveloop.valkey import EmbeddedValkey, free_port  # noqa: E402
 
 API_KEY = "sk-bench-agents"
@@ -159,11 +161,13 @@ def run_langchain(base_url: str, model: str, max_tokens: int, ran: list[str]) ->
 
 
 @contextlib.contextmanager
-def liveloop_up(model: str, root: Path, redis_url: str) -> Iterator[str]:
+def liveloop_up(model: str, root: Path, redis_url: str, reminder: str | None) -> Iterator[str]:
     """`liveloop up` on a free port and the given Valkey; the base URL while it runs."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIVELOOP_")}
     env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LIVELOOP_API_KEYS": API_KEY})
+    if reminder is not None:
+        env["LIVELOOP_TOOL_RESULT_REMINDER"] = reminder
     argv = [sys.executable, "-m", "liveloop.cli", "up", "--model", model, "--quiet"]
     argv += ["--data-dir", str(root / "data"), "--port", str(port), "--log-level", "WARNING"]
     argv += ["--redis-url", redis_url]
@@ -211,16 +215,23 @@ def run_all(base_url: str, redis_url: str | None, args: argparse.Namespace) -> d
     results: dict[str, Any] = {}
     last = "0"
     for name, run in runs.items():
-        ran: list[str] = []
-        started = time.perf_counter()
-        try:
-            results[name] = run(ran)
-        except Exception as exc:  # a framework's failure is a result, not a crash
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            results[name] = _result(ran, "", started, error=error)
-        if redis_url:
-            time.sleep(2.0)  # the trace writer's last records
-            last, results[name]["recorded"] = recorded_turns(redis_url, last)
+        done: list[dict[str, Any]] = []
+        for _ in range(args.runs):
+            ran: list[str] = []
+            started = time.perf_counter()
+            try:
+                done.append(run(ran))
+            except Exception as exc:  # a framework's failure is a result, not a crash
+                error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                done.append(_result(ran, "", started, error=error))
+            if redis_url:
+                time.sleep(2.0)  # the trace writer's last records
+                last, done[-1]["recorded"] = recorded_turns(redis_url, last)
+        results[name] = {
+            "tool_ran": f"{sum(r['tool_ran'] for r in done)}/{len(done)}",
+            "answer_uses_forecast": f"{sum(r['answer_uses_forecast'] for r in done)}/{len(done)}",
+            "runs": done,
+        }
     return results
 
 
@@ -230,6 +241,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96, help="per model call")
     parser.add_argument("--base-url", help="a LiveLoop server already running (no `up`)")
     parser.add_argument("--redis-url", help="that server's Redis (to count its turns)")
+    parser.add_argument("--runs", type=int, default=1, help="agent runs per framework")
+    parser.add_argument(
+        "--tool-result-reminder",
+        help="the server's `tool_result_reminder` ('' = none; default: the model's)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     if args.base_url:
@@ -238,7 +254,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="liveloop-agents-") as tmp:
             valkey = EmbeddedValkey(Path(tmp) / "valkey", port=free_port()).start()
             try:
-                with liveloop_up(args.model, Path(tmp), valkey.url) as base_url:
+                reminder = args.tool_result_reminder
+                with liveloop_up(args.model, Path(tmp), valkey.url, reminder) as base_url:
                     ready_s = round(time.perf_counter() - started, 1)
                     frameworks = run_all(base_url, valkey.url, args)
             finally:
@@ -249,6 +266,11 @@ def main() -> None:
         "question": QUESTION,
         "forecast": forecast(CITY),
         "max_tokens": args.max_tokens,
+        "tool_result_reminder": None
+        if args.base_url
+        else SharedSettings(
+            model=args.model, tool_result_reminder=args.tool_result_reminder
+        ).effective_tool_result_reminder,
         "server_ready_s": None if args.base_url else ready_s,
         "frameworks": frameworks,
         "versions": _versions(),

@@ -20,7 +20,7 @@ import redis.asyncio as aredis
 from prometheus_client import CollectorRegistry
 
 from liveloop import bus
-from liveloop.config import ServerConfig, SharedSettings
+from liveloop.config import ConfigError, ServerConfig, SharedSettings
 from liveloop.models import ALIASES, LoadedModel
 from liveloop.server.api.auth import Authenticator
 from liveloop.server.api.chat.serving import ChatService
@@ -119,11 +119,23 @@ class ServerState:
         """The chat completions service."""
         return _started(self._chat, "chat service")
 
+    def _template(self, tokenizer: PreTrainedTokenizerBase) -> ChatTemplate:
+        """The chat template, its tool-result reminder checked (ConfigError if it cannot)."""
+        from liveloop.server.tools import ChatTemplate as Template
+
+        template = Template(tokenizer, self.shared.effective_tool_result_reminder)
+        try:
+            template.check_reminder()
+        except ValueError as exc:
+            raise ConfigError(
+                f"tool_result_reminder: {exc}; set LIVELOOP_TOOL_RESULT_REMINDER='' (or "
+                '`tool_result_reminder = ""` in the settings file) to serve without it'
+            ) from None
+        return template
+
     # Life cycle ------------------------------------------------------------------------
     async def open(self) -> None:
         """Connect Redis, load the model, start the engine, trace writer and weight follower."""
-        from liveloop.server.tools import ChatTemplate
-
         redis_url = self.shared.require_redis("serve")
         if self.auth.open:
             log.warning("no API keys configured (LIVELOOP_API_KEYS): the server is open to anyone")
@@ -134,7 +146,7 @@ class ServerState:
         tokenizer = await self._start_engine()
         await self._start_companions(redis_url)
         self._sessions = SessionStore(self.redis, self.config.session_ttl_s)
-        self._chat = self._chat_service(tokenizer, ChatTemplate(tokenizer))
+        self._chat = self._chat_service(tokenizer, self._template(tokenizer))
         engine = self.engine
         self.metrics.bind(
             running=lambda: float(engine.num_running),

@@ -197,3 +197,13 @@ def test_tool_use_per_version_counts_calls_answers_and_answers_that_used_the_res
         "5": (1, 1.0, 0, None, 0, None, None),
     }
     assert user_reactions(answers, 2, asks)["tool_use"] == by_version
+    # A call written as text after the result is a re-call, and no use of the result.
+    written = '{"name": "weather_in_paris", "arguments": {"weather": "snow"}}'
+    later = tool_use_by_version(
+        [weather(6, written, oslo)], [ToolAsk(6, False, after_result=True, written=True)]
+    )["6"]
+    assert (later["recall_rate"], later["written_calls"], later["used_result_rate"]) == (
+        1.0,
+        1,
+        0.0,
+    )

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, Field
 
 from liveloop.config import ConfigError, load_settings
+from liveloop.config.defaults import ANSWER_FROM_RESULT
 from liveloop.contracts import Feedback, ScoredTurn
 from liveloop.prm.judges import (
     Judge,
@@ -144,6 +145,33 @@ async def test_a_call_repeated_after_its_result_scores_low_whatever_follows() ->
         await score(oslo, _called(_call("c2", "Oslo")), repeated_call_score=None),  # off
     ):
         assert other.score == 0.25 and other.hint is None  # scored by the tool result after it
+
+
+async def test_a_call_written_as_text_after_the_result_is_a_repeated_call() -> None:
+    """Right after a tool result, the Coder models sometimes write a call the server cannot
+    take (a function that is not offered, `name:`/`arguments:` lines): not an answer."""
+    oslo = [user("Weather in Oslo?"), _called(_call("c1", "Oslo")), tool("Oslo: 17 C", "c1")]
+    judge = RulesJudge()
+
+    async def score(messages: list[dict[str, Any]], content: str) -> Any:
+        turn = make_turn("s", 1, messages, content)
+        return await judge.score(JudgeRequest.for_turn(turn, NextState(messages=[user("ok")])))
+
+    for written, name in [
+        ('{"name": "weather_in_paris", "arguments": {"city": "Oslo"}}', "get_weather"),
+        ('name: get_weather\narguments: {"city": "Oslo"}', "get_weather"),
+        ('get_weather({"city": "Oslo"})', "get_weather"),
+    ]:
+        result = await score(oslo, written)
+        assert result.score == -0.5 and result.hint.startswith("a call written as text"), written
+        assert result.directive_hint == ANSWER_FROM_RESULT.replace("{name}", name)
+    for plain in (
+        await score(oslo, "It is 17 C in Oslo."),  # an answer
+        await score(
+            oslo[:1], '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+        ),  # no result
+    ):
+        assert plain.score == 0.0 and plain.hint is None  # "ok": neutral
 
 
 async def test_feedback_judge_is_decisive_only_with_feedback() -> None:

@@ -18,6 +18,7 @@ import openai
 import pytest
 import redis
 
+from liveloop.config.defaults import ANSWER_FROM_RESULT
 from liveloop.models import ModelLoadError, load_tokenizer, resolve_model_dir
 from liveloop.server.tools.template import ChatTemplate
 from liveloop.valkey import EmbeddedValkey
@@ -120,3 +121,44 @@ def test_a_streamed_tool_call_arrives_as_tool_call_deltas(qwen_client: openai.Op
     assert [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
     assert json.loads(calls[0].function.arguments or "") == {"city": "Oslo"}  # type: ignore[union-attr]
     assert "```" not in content and "get_weather" not in content
+
+
+def test_after_the_tool_result_the_model_answers_from_it(
+    qwen_client: openai.OpenAI, qwen_server: ServerProcess
+) -> None:
+    """The alias's tool-result reminder: the follow-up prompt holds it after the result
+    (extending the call's prompt token-exactly), and the model answers in words from the
+    result instead of calling the tool again."""
+    first = qwen_client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=MAX_TOKENS
+    )
+    session = first.headers["x-session-id"]
+    calls = first.parse().choices[0].message.tool_calls or []
+    assert calls, first.parse().choices[0].message
+    history: Any = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+        *[{"role": "tool", "tool_call_id": c.id, "content": "Oslo: snow, -3 C"} for c in calls],
+    ]
+    reply = qwen_client.chat.completions.create(
+        model=MODEL,
+        messages=history,
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        extra_headers={"X-Session-Id": session},
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls, choice.message
+    assert "snow" in (choice.message.content or "").lower(), choice.message.content
+    server_redis = redis.Redis.from_url(qwen_server.redis_url, decode_responses=True)
+    turns = wait_for_turns(server_redis, session, 2)
+    server_redis.close()
+    assert turns[-1]["prompt_mode"] == "extended"
+    assert (
+        turns[-1]["prompt_token_ids"][: len(turns[0]["prompt_token_ids"])]
+        == (turns[0]["prompt_token_ids"])
+    )
+    prompt = load_tokenizer(MODEL).decode(turns[-1]["prompt_token_ids"])
+    reminder = ANSWER_FROM_RESULT.replace("{name}", "get_weather")
+    assert prompt.endswith(f"{reminder}<|im_end|>\n<|im_start|>assistant\n")

@@ -144,7 +144,12 @@ class Trainer:
         if self.updater is not None:
             self.updater.close()
         self.updater = PPOUpdater(
-            policy, self.cfg, self.comm, model_name=self.shared.model, cache=self._cache
+            policy,
+            self.cfg,
+            self.comm,
+            model_name=self.shared.model,
+            cache=self._cache,
+            tool_result_reminder=self.shared.effective_tool_result_reminder,
         )
         if version:
             self.store.load_optimizer(version, self.updater.optimizer)

@@ -176,6 +176,7 @@ class PPOUpdater:
         *,
         model_name: str = "",
         cache: dict[str, Any] | None = None,
+        tool_result_reminder: str = "",
     ) -> None:
         import torch
 
@@ -183,7 +184,13 @@ class PPOUpdater:
         self.cfg = cfg
         self.comm = comm or Comm()
         self.loss_cfg = LossConfig.of(cfg)
-        context = ObjectiveContext(policy, cfg, model_name, cache={} if cache is None else cache)
+        context = ObjectiveContext(
+            policy,
+            cfg,
+            model_name,
+            cache={} if cache is None else cache,
+            tool_result_reminder=tool_result_reminder,
+        )
         self.objective = build_objective(context)
         self.params = policy.trainable_parameters()
         self.optimizer = torch.optim.AdamW(

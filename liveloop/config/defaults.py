@@ -13,6 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What a model that calls a tool again instead of answering from its result is told after
+# the result (`{name}`: the tool's name). The rule judge's hint for a repeated call says
+# the same, so a distillation teacher sees what a served prompt may already hold.
+ANSWER_FROM_RESULT = (
+    "The tool already returned its result. Answer the user in words from it; do not call "
+    "{name} again."
+)
+
 
 @dataclass(frozen=True)
 class ModelDefaults:
@@ -23,6 +31,7 @@ class ModelDefaults:
     reply_tokens: int  # completion budget of demo users and gate probes
     word_limits: tuple[int, ...]  # word limits of simulated users
     has_language: bool  # False for a random model: users then judge only their preference
+    tool_result_reminder: str = ""  # a system message after tool results ("" = none)
 
 
 BUILTIN: dict[str, ModelDefaults] = {
@@ -36,8 +45,14 @@ BUILTIN: dict[str, ModelDefaults] = {
     # the first 48 tokens and ended on their own after 60-95+ tokens: smollm2's budget and
     # word limits give them the same room to learn brevity, and a longer budget costs
     # decode time on models 4-11 times smollm2's size.
-    "qwen2.5-coder-0.5b": ModelDefaults(0.1, 1.0, 48, (20, 25, 30), has_language=True),
-    "qwen2.5-coder-1.5b": ModelDefaults(0.1, 1.0, 48, (20, 25, 30), has_language=True),
+    # Both call the tool again after nearly every result unless told not to in a system
+    # message after it (then they answer from it): they get the reminder.
+    "qwen2.5-coder-0.5b": ModelDefaults(
+        0.1, 1.0, 48, (20, 25, 30), has_language=True, tool_result_reminder=ANSWER_FROM_RESULT
+    ),
+    "qwen2.5-coder-1.5b": ModelDefaults(
+        0.1, 1.0, 48, (20, 25, 30), has_language=True, tool_result_reminder=ANSWER_FROM_RESULT
+    ),
 }
 FALLBACK = ModelDefaults(0.1, 1.0, 64, (20, 25, 30), has_language=True)
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from liveloop.config.base import Section
 from liveloop.config.consumer import ConsumerSettings, consumer_defaults
+from liveloop.config.defaults import ANSWER_FROM_RESULT
 
 DEFAULT_CORRECTIONS = [
     r"\bno\b[,.!]*\s+(?:that'?s|this is|it'?s)\s+(?:wrong|incorrect|not right)",
@@ -143,8 +144,7 @@ class RulesJudgeConfig(Section):
         "such a turn is scored by what followed it, like any other.",
     )
     repeated_call_hint: str | None = Field(
-        "The tool already returned its result. Answer the user in words from it; do not call "
-        "{name} again.",
+        ANSWER_FROM_RESULT,
         description="Directive hint of a repeated call (`{name}`: the tool's name): the "
         "instruction a hindsight-distillation teacher sees beside the turn (`opd`, `combine`); "
         "unset = such a turn has none.",

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from liveloop.config.base import ConfigError
+from liveloop.config.defaults import model_defaults
 from liveloop.logs import check_level
 
 
@@ -62,6 +63,16 @@ class SharedSettings(BaseModel):
         ),
     )
 
+    tool_result_reminder: str | None = Field(
+        None,
+        description="A system message put after each run of tool results wherever a "
+        "conversation becomes a prompt (the server, the promotion gate's probes and "
+        "hindsight distillation render alike), for models that call a tool again instead of "
+        "answering from its result; `{name}`: the functions those results answer. It is "
+        "part of the prompt ids a turn records. Unset: the model's default (the Qwen2.5-Coder "
+        "aliases have one, other models none); empty: none.",
+    )
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, level: str) -> str:
@@ -71,6 +82,13 @@ class SharedSettings(BaseModel):
     def effective_db_url(self) -> str:
         """The registry URL: `db_url`, or a SQLite file under the data dir."""
         return self.db_url or f"sqlite:///{(self.data_dir / 'registry.sqlite').resolve()}"
+
+    @property
+    def effective_tool_result_reminder(self) -> str:
+        """`tool_result_reminder`, or the model's default where it is unset."""
+        if self.tool_result_reminder is not None:
+            return self.tool_result_reminder
+        return model_defaults(self.model).tool_result_reminder
 
     @property
     def checkpoints_dir(self) -> Path:

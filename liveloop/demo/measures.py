@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from liveloop.demo.preferences import TOPICS, Topic
 from liveloop.reading import distinct_n, letter_words, read_reply
+from liveloop.written_calls import written_call
 
 if TYPE_CHECKING:
     from liveloop.demo.users import ToolAsk, TurnLog
@@ -54,7 +55,10 @@ def _reason_shares(answers: Sequence[TurnLog]) -> dict[str, float]:
 
 
 def _uses(reply: str, result: str) -> bool:
-    """The reply names the weather the tool reported (a word of the result after the city)."""
+    """The reply names the weather the tool reported (a word of the result after the city)
+    and is not a call written as text (whose arguments may repeat the result)."""
+    if written_call(reply) is not None:
+        return False
     facts = set(letter_words(result.partition(":")[2].lower()))
     return bool(facts & {w.lower() for w in letter_words(reply)})
 
@@ -64,7 +68,8 @@ def tool_use_by_version(
 ) -> dict[str, dict[str, Any]]:
     """Per policy version, of the weather questions: how many it got first, the share of
     those its first reply was a call to the weather tool; of its replies that followed a
-    tool result, the share that called the tool again; of the weather questions it
+    tool result, the share that called the tool again (a call written as text included),
+    and how many replies wrote a call as text; of the weather questions it
     answered: how many, the share answered after a call, and the share of those whose
     answer used the tool's result (it named the weather the tool reported)."""
     out: dict[str, dict[str, Any]] = {}
@@ -78,7 +83,8 @@ def tool_use_by_version(
             "questions": len(mine),
             "tool_call_rate": _share([k.called for k in mine]),
             "after_result": len(after),
-            "recall_rate": _share([k.called for k in after]),
+            "recall_rate": _share([k.called or k.written for k in after]),
+            "written_calls": sum(k.written for k in [*mine, *after]),
             "answers": len(weather),
             "answered_after_call_rate": _share([a.used_tool for a in weather]),
             "used_result_rate": _share([_uses(a.reply, a.tool_result) for a in called]),

@@ -23,6 +23,7 @@ from liveloop.reading import (
     mentions,
     read_reply,
 )
+from liveloop.written_calls import written_call
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,10 @@ WANTS_TOOL = (
 WRONG_WEATHER = (
     "That's not what the weather tool said.",
     "No, that's wrong, read the tool result.",
+)
+NO_ANSWER_AFTER_RESULT = (
+    "You have the tool's result, just tell me the weather in words.",
+    "That's a tool call, not an answer. What does the result say?",
 )
 NEARLY_MARGIN = 4  # words over the limit that still get a lukewarm rather than a negative reply
 
@@ -242,6 +247,8 @@ class WeatherAsker(WordLimit):
             return super().react(question, reply, rng)
         if tool_result is None:
             return Reaction(say(rng, WANTS_TOOL), -1.0, "no_tool")
+        if written_call(reply) is not None:
+            return Reaction(say(rng, NO_ANSWER_AFTER_RESULT), -1.0, "written_call")
         facts = frozenset(letter_words(KNOWN_CITIES[question.city].lower()))
         weather = Question(question.text, topic=Topic("the weather", facts, 0))
         reaction = super().react(weather, reply, rng)

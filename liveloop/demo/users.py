@@ -24,6 +24,7 @@ from openai import APIError, AsyncOpenAI
 
 from liveloop.demo.preferences import KNOWN_CITIES, Question, WordLimit
 from liveloop.reading import letter_words
+from liveloop.written_calls import written_call
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -75,12 +76,14 @@ class TurnLog:
 class ToolAsk:
     """A reply to a question asked with the weather tool offered, before its answer: the
     first reply, or one that followed a tool result (`after_result`); which version served
-    it and whether it called the tool. Kept apart from `TurnLog`s, which are answers: a
-    model that calls the tool again after every result never answers the question."""
+    it, whether it called the tool, and whether it wrote a call as text that the server did
+    not take as one (`written`). Kept apart from `TurnLog`s, which are answers: a model that
+    calls the tool again after every result never answers the question."""
 
     version: int
     called: bool
     after_result: bool = False
+    written: bool = False
 
 
 @dataclass
@@ -172,7 +175,9 @@ class SimulatedUser:
             message = completion.choices[0].message
             if question.wants_tool and (first_reply or tool_result is not None):
                 called = bool(message.tool_calls)
-                stats.tool_asks.append(ToolAsk(version, called, after_result=not first_reply))
+                written = not called and written_call(message.content or "") is not None
+                ask = ToolAsk(version, called, after_result=not first_reply, written=written)
+                stats.tool_asks.append(ask)
             first_reply = False
             messages.append(_assistant_message(message))
             if message.tool_calls and question.wants_tool:

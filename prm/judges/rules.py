@@ -32,6 +32,7 @@ from liveloop.prm.judges.base import (
     clean_hint,
     message_text,
 )
+from liveloop.written_calls import written_call
 
 TOOL_ROLES = frozenset({"tool", "function", "ipython"})
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -78,21 +79,41 @@ class RulesJudge(JudgeBase):
         return self.score_messages(state.messages)
 
     def _repeated_call(self, request: JudgeRequest) -> JudgeResult | None:
-        """`repeated_call_score` when the reply repeats a call whose result it was shown."""
-        calls = request.response.get("tool_calls")
-        if not calls or self.config.repeated_call_score is None:
+        """`repeated_call_score` when the reply repeats a call whose result it was shown, or
+        right after a tool result writes a call as text instead of answering."""
+        if self.config.repeated_call_score is None:
             return None
         answered = answered_calls(request.messages)
+        calls = request.response.get("tool_calls")
+        if not calls:
+            return self._written_call(request, answered)
         for call in calls:
             name, arguments = call_signature(call)
             if (name, arguments) in answered:
-                directive = self.config.repeated_call_hint
-                return JudgeResult(
-                    score=self.config.repeated_call_score,
-                    hint=f"repeated tool call: {name} was already answered with these arguments",
-                    directive_hint=directive.replace("{name}", name) if directive else None,
-                )
+                hint = f"repeated tool call: {name} was already answered with these arguments"
+                return self._repeated(name, hint)
         return None
+
+    def _written_call(
+        self, request: JudgeRequest, answered: set[tuple[str, str]]
+    ) -> JudgeResult | None:
+        messages = request.messages
+        if not answered or not messages or messages[-1].get("role") not in TOOL_ROLES:
+            return None
+        written = written_call(message_text(request.response))
+        if written is None:
+            return None
+        names = sorted({name for name, _ in answered})
+        name = written if written in names else ", ".join(names)
+        return self._repeated(name, f"a call written as text after the tool's result ({written!r})")
+
+    def _repeated(self, name: str, hint: str) -> JudgeResult:
+        directive = self.config.repeated_call_hint
+        return JudgeResult(
+            score=self.config.repeated_call_score or 0.0,
+            hint=hint,
+            directive_hint=directive.replace("{name}", name) if directive else None,
+        )
 
     def score_messages(self, messages: list[dict[str, Any]]) -> JudgeResult:
         """Step scores of the new messages and their mean."""

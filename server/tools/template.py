@@ -56,7 +56,7 @@ def content_text(content: Any, where: str) -> str:
 class ChatTemplate:
     """A tokenizer's chat template made to render OpenAI chat messages, tools included."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_result_reminder: str = "") -> None:
         source = tokenizer.chat_template
         if isinstance(source, dict):
             source = source.get("tool_use") or source.get("default") or next(iter(source.values()))
@@ -66,6 +66,7 @@ class ChatTemplate:
         self._template: str = source
         self._pieces = PieceEncoder.for_tokenizer(tokenizer)
         self.supports_tools: bool = bool(TOOLS_REFERENCE.search(source))
+        self.tool_result_reminder = tool_result_reminder
 
     def render_text(
         self,
@@ -75,6 +76,7 @@ class ChatTemplate:
     ) -> str:
         """The prompt text for these messages (raises ToolRequestError for malformed ones)."""
         specs = [spec.as_openai() for spec in parse_tools(tools)]
+        messages = with_reminders(messages, self.tool_result_reminder)
         if self.supports_tools:
             converted = [self._native_message(m, i) for i, m in enumerate(messages)]
             tools_arg = specs or None
@@ -97,6 +99,26 @@ class ChatTemplate:
                 f"the chat template cannot render these messages: {exc}", "messages"
             ) from None
         return str(text)
+
+    def check_reminder(self) -> None:
+        """Raise ValueError unless the template renders the tool-result reminder where it goes
+        (some templates reject a system message after the first)."""
+        if not self.tool_result_reminder:
+            return
+        call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "Hello."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "ok"},
+        ]
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        expected = reminder_text(self.tool_result_reminder, ["f"])
+        try:
+            text = self.render_text(messages, tools)
+        except ToolRequestError as exc:
+            raise ValueError(f"the chat template cannot render the reminder: {exc}") from None
+        if expected not in text:
+            raise ValueError("the chat template leaves the reminder out of the prompt")
 
     def render_ids(
         self,
@@ -152,6 +174,39 @@ class ChatTemplate:
         return out
 
 
+def reminder_text(reminder: str, names: list[str]) -> str:
+    """The reminder with `{name}` filled in: the functions whose results it follows."""
+    return reminder.replace("{name}", ", ".join(names) or "the tool")
+
+
+def with_reminders(messages: list[dict[str, Any]], reminder: str) -> list[dict[str, Any]]:
+    """The messages with a system message holding `reminder` after each run of tool results.
+
+    Inserted after every run, not only a trailing one, so that the render of a conversation
+    starts with the render of any earlier part of it (what prompt extension relies on)."""
+    if not reminder:
+        return messages
+    names_by_id = _call_names(messages)
+    out: list[dict[str, Any]] = []
+    run: list[str] = []
+    for i, message in enumerate(messages):
+        out.append(message)
+        if not _is_tool_result(message):
+            continue
+        call_id = message.get("tool_call_id")
+        name = message.get("name") or names_by_id.get(call_id if isinstance(call_id, str) else "")
+        if isinstance(name, str) and name not in run:
+            run.append(name)
+        if i + 1 == len(messages) or not _is_tool_result(messages[i + 1]):
+            out.append({"role": "system", "content": reminder_text(reminder, run)})
+            run = []
+    return out
+
+
+def _is_tool_result(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "tool"
+
+
 def _role_and_content(message: Any, i: int) -> tuple[str, str]:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise ToolRequestError(f"messages[{i}] must be an object with a string 'role'", "messages")
@@ -185,7 +240,7 @@ def _call_names(messages: list[dict[str, Any]]) -> dict[str, str]:
         calls = message.get("tool_calls") if isinstance(message, dict) else None
         for call in calls if isinstance(calls, list) else []:
             function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(call.get("id"), str) and isinstance(function, dict):
+            if isinstance(function, dict) and isinstance(call.get("id"), str):
                 names[call["id"]] = str(function.get("name"))
     return names
 

@@ -50,6 +50,7 @@ class ObjectiveContext:
     # What outlives one build: the trainer rebuilds its objective whenever it reloads the
     # policy (a refusal, a rollback), and a teacher model is loaded only once.
     cache: dict[str, Any] = field(default_factory=dict)
+    tool_result_reminder: str = ""  # what the server puts after tool results in a prompt
 
 
 @dataclass(frozen=True)

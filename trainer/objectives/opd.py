@@ -95,7 +95,7 @@ class OPDObjective(Objective):
             self.cfg, context.policy, trainer.micro_batch_tokens, trainer.device,
             context.model_name or "default", context.cache,
         )  # fmt: skip
-        self.distiller = Distiller(self.cfg, context.policy, teacher)
+        self.distiller = Distiller(self.cfg, context.policy, teacher, context.tool_result_reminder)
         self.tally = Tally(_SUMS, maxima=("seconds",))
         self._seconds = 0.0  # teacher time of this rank in the current update
 

@@ -82,9 +82,13 @@ def _contrasts(scored: dict[str, list[float]]) -> dict[str, list[float]]:
 class Distiller:
     """Turns the hinted samples of a batch into teacher log-probs, within the budgets."""
 
-    def __init__(self, cfg: OPDSettings, policy: Policy, teacher: Teacher) -> None:
+    def __init__(
+        self, cfg: OPDSettings, policy: Policy, teacher: Teacher, tool_result_reminder: str = ""
+    ) -> None:
         self.cfg = cfg
-        self.inserter = HintInserter(policy.tokenizer, cfg.hint_role, cfg.hint_template)
+        self.inserter = HintInserter(
+            policy.tokenizer, cfg.hint_role, cfg.hint_template, tool_result_reminder
+        )
         self.teacher = teacher
 
     def items(self, samples: list[BatchSample], signal: TeacherSignal) -> list[TeacherItem]:

@@ -40,9 +40,15 @@ class Enhanced:
 class HintInserter:
     """Inserts a hint message before the assistant's reply, in a turn's own prompt ids."""
 
-    def __init__(self, tokenizer: Any, role: str = "system", template_text: str = "{hint}") -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        role: str = "system",
+        template_text: str = "{hint}",
+        tool_result_reminder: str = "",
+    ) -> None:
         self.tokenizer = tokenizer
-        self.template = ChatTemplate(tokenizer)
+        self.template = ChatTemplate(tokenizer, tool_result_reminder)  # renders as served
         self.role = role
         self.template_text = template_text
 

@@ -89,8 +89,11 @@ class PromotionGate:
         panel: JudgePanel,
         source: ProbeSource,
         sense: SenseCheck | None = None,
+        *,
+        tool_result_reminder: str = "",
     ) -> None:
         self.model = model
+        self.tool_result_reminder = tool_result_reminder  # rendered into probes as served
         self.cfg = cfg
         self.panel = panel
         self.source = source
@@ -109,7 +112,7 @@ class PromotionGate:
     def _sample(self, policy: Policy, version: int, weights: Any) -> tuple[Sampled, list[Any]]:
         """Replies of `weights` (the reference's for version 0) and their reference log-probs."""
         if self._prompts is None:
-            self._prompts = render_prompts(policy.tokenizer, self.probes)
+            self._prompts = render_prompts(policy.tokenizer, self.probes, self.tool_result_reminder)
         if version == 0:
             with reference_weights(policy) as model:
                 sampled = self._replies(model, policy.tokenizer)

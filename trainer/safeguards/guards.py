@@ -95,7 +95,14 @@ class Safeguards:
         panel = build_panel(self.judging, self.shared)
         sense = self.cfg.gate.sense
         check = LLMSenseCheck.from_settings(sense) if sense.base_url else None
-        self.gate = PromotionGate(self.shared.model, self.cfg.gate, panel, source, check)
+        self.gate = PromotionGate(
+            self.shared.model,
+            self.cfg.gate,
+            panel,
+            source,
+            check,
+            tool_result_reminder=self.shared.effective_tool_result_reminder,
+        )
         await self.gate.start(policy, serving_version)
         return self.gate
 

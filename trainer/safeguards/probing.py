@@ -80,11 +80,13 @@ class Sampled:
     logprobs: list[torch.Tensor]
 
 
-def render_prompts(tokenizer: Any, probes: list[Probe]) -> list[list[int]]:
+def render_prompts(
+    tokenizer: Any, probes: list[Probe], tool_result_reminder: str = ""
+) -> list[list[int]]:
     """Each probe's prompt ids, rendered exactly as the server renders a request."""
     from liveloop.server.tools.template import ChatTemplate
 
-    template = ChatTemplate(tokenizer)
+    template = ChatTemplate(tokenizer, tool_result_reminder)
     return [template.render_ids(p.messages, p.tools) for p in probes]
 
 
