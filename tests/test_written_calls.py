@@ -14,6 +14,7 @@ from liveloop.written_calls import written_call
         ('{"name": "weather_in_paris", "arguments": {"city": "Paris"}}', "weather_in_paris"),
         ('```json\n{"name": "get_weather", "parameters": {}}\n```', "get_weather"),
         ('Let me check.\n{ "name" : "get_weather", "arguments": "{}" }', "get_weather"),
+        ("{'name': 'get_weather', 'arguments': {'city': 'Paris'}}\n", "get_weather"),
         ('name: get_weather\narguments: {"city": "Oslo"}', "get_weather"),
         ('get_weather({"city": "Oslo"})', "get_weather"),
         ('```python\nget_weather({"city": "Oslo"})\n```', "get_weather"),
