@@ -13,7 +13,10 @@ model may have written the call otherwise (a fenced JSON object). A fresh render
 put a call the model never wrote into the prompt, and into the turn that training sees. So
 a follow-up to such a reply is extended too: the model's own sampled call, then what the
 template puts after that reply (its tool results, a user message), exactly as a fresh
-render would.
+render would. The same holds for every later turn of the session, whose served prompt
+still holds that call: the previous sample is found by a hash of the messages up to its
+reply (`server/sessions.py`), so what came before it is the conversation that was served,
+however the template would render it now.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class PromptBuilder:
         if fresh_text.startswith(served_text) and len(fresh_text) > len(served_text):
             new_part: str | None = fresh_text[len(served_text) :]
         else:
-            new_part = self._after_sampled_call(messages, tools, previous, fresh_text)
+            new_part = self._after_sampled_reply(messages, tools, previous, fresh_text)
         if not new_part:
             return None
         new_ids = self.template.encode(new_part)
@@ -95,19 +98,22 @@ class PromptBuilder:
             return None
         return served + list(new_ids)
 
-    def _after_sampled_call(
+    def _after_sampled_reply(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         previous: PreviousTurn,
         fresh_text: str,
     ) -> str | None:
-        """The text after the previous reply when that reply is the conversation's last
-        assistant message, has tool calls, and ended its turn with a special token: what
-        the template writes after that token, then the rest of the fresh render. None when
-        the template's own rendering of the conversation does not split there."""
-        k = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-        if k < 0 or k == len(messages) - 1 or not messages[k].get("tool_calls"):
+        """The text after the previous reply (`previous.reply_index`, else the last
+        assistant message) when it ended its turn with a special token: what the template
+        writes after that token, then the rest of the fresh render. None when the template's
+        own rendering of the conversation does not split there, or renders a text reply
+        otherwise than it was sampled."""
+        k = previous.reply_index
+        if k is None:
+            k = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        if not 0 <= k < len(messages) - 1 or messages[k].get("role") != "assistant":
             return None
         end_id = previous.completion_token_ids[-1]
         if end_id not in set(getattr(self.tokenizer, "all_special_ids", ())):
@@ -119,7 +125,11 @@ class PromptBuilder:
         reply, end = through[len(head) :], self.decode([end_id])
         if end not in reply:
             return None
-        return reply[reply.rindex(end) + len(end) :] + fresh_text[len(through) :]
+        cut = reply.rindex(end) + len(end)
+        sampled = self.decode(previous.completion_token_ids)
+        if not messages[k].get("tool_calls") and not reply[:cut].endswith(sampled):
+            return None
+        return reply[cut:] + fresh_text[len(through) :]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Exact text of token ids, special tokens included, no clean-up."""

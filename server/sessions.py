@@ -72,6 +72,7 @@ class PreviousTurn:
     sample_index: int
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
+    reply_index: int | None = None  # where the sample is in the request's messages
 
 
 @dataclass
@@ -174,19 +175,19 @@ class SessionStore:
         if not self._available() or not any(m.get("role") == "assistant" for m in messages):
             return None  # only a conversation with an earlier reply can continue a turn
         digests = chain_hashes(messages)
-        keys = [
-            prefix_index_key(tenant, digests[i])
-            for i in range(len(messages) - 1, -1, -1)
-            if messages[i].get("role") == "assistant"
+        replies = [
+            i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"
         ]
+        keys = [prefix_index_key(tenant, digests[i]) for i in replies]
         try:
             values = await asyncio.wait_for(self.client.mget(keys), REDIS_TIMEOUT_S)
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self._failed("lookup", exc)
             return None
-        for value in values:
+        for index, value in zip(replies, values, strict=True):
             previous = _parse_previous(str(value)) if value else None
             if previous is not None and session_id in (None, previous.session_id):
+                previous.reply_index = index
                 return previous
         return None
 

@@ -159,6 +159,30 @@ def test_after_the_tool_result_the_model_answers_from_it(
         turns[-1]["prompt_token_ids"][: len(turns[0]["prompt_token_ids"])]
         == (turns[0]["prompt_token_ids"])
     )
-    prompt = load_tokenizer(MODEL).decode(turns[-1]["prompt_token_ids"])
+    tokenizer = load_tokenizer(MODEL)
+    prompt = tokenizer.decode(turns[-1]["prompt_token_ids"])
     reminder = ANSWER_FROM_RESULT.replace("{name}", "get_weather")
     assert prompt.endswith(f"{reminder}<|im_end|>\n<|im_start|>assistant\n")
+
+    # The next question extends the answer's prompt: the call stays as the model wrote it.
+    thanks: Any = [
+        *history,
+        {"role": "assistant", "content": choice.message.content},
+        {"role": "user", "content": "Thanks! And in Lima?"},
+    ]
+    qwen_client.chat.completions.create(
+        model=MODEL,
+        messages=thanks,
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=8,
+        extra_headers={"X-Session-Id": session},
+    )
+    server_redis = redis.Redis.from_url(qwen_server.redis_url, decode_responses=True)
+    turns = wait_for_turns(server_redis, session, 3)
+    server_redis.close()
+    assert turns[-1]["prompt_mode"] == "extended"
+    served = turns[1]["prompt_token_ids"] + turns[1]["completion_token_ids"]
+    assert turns[-1]["prompt_token_ids"][: len(served)] == served
+    sampled_call = tokenizer.decode(turns[0]["completion_token_ids"], skip_special_tokens=True)
+    assert sampled_call.strip() in tokenizer.decode(turns[-1]["prompt_token_ids"])

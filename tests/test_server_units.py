@@ -65,7 +65,7 @@ async def test_session_store_on_valkey(aredis_client: aredis.Redis) -> None:
         {"role": "user", "content": "more"},
     ]
     previous = await store.lookup("t1", follow, None)
-    assert previous == PreviousTurn(first.session_id, 1, 0, [1, 2], [3])
+    assert previous == PreviousTurn(first.session_id, 1, 0, [1, 2], [3], reply_index=1)
     assert await store.lookup("t2", follow, None) is None  # other tenants never match
     assert await store.lookup("t1", follow, "another-session") is None
     assert await store.owner(first.session_id) == ("t1", 2)
@@ -195,3 +195,59 @@ def test_a_follow_up_to_a_call_keeps_the_call_as_the_model_sampled_it(tokenizer:
     assert builder.build(follow, tools, cut_off).mode == "fresh"
     no_result_yet = follow[:2]  # nothing after the call: nothing to extend with
     assert builder.build(no_result_yet, tools, previous).mode == "fresh"
+
+    # A reply the server did not serve came after the served call (another client's, say):
+    # the served sample is still the one extended, and nothing after it is left out.
+    call2 = {**call, "id": "c2", "function": {**call["function"], "arguments": '{"city": "Lima"}'}}
+    later = [
+        *follow,
+        {"role": "assistant", "content": None, "tool_calls": [call2]},
+        {"role": "tool", "tool_call_id": "c2", "content": "Lima: sun"},
+    ]
+    found = PreviousTurn("s", 0, 0, prompt.token_ids, completion, reply_index=1)
+    text = builder.decode(builder.build(later, tools, found).token_ids)
+    assert text.startswith(builder.decode(prompt.token_ids + completion))
+    assert "Oslo: snow, -3 C" in text and "Lima: sun" in text
+
+
+def test_a_later_turn_keeps_a_call_sampled_turns_before(tokenizer: Any) -> None:
+    """After the call, its result and a text answer, the next user message extends the
+    answer's prompt, which holds the call as the model wrote it; a client that sends the
+    answer back changed gets a fresh render."""
+    template = ChatTemplate(tokenizer)
+    builder = PromptBuilder(template, tokenizer)
+    tools = [WEATHER_TOOL]
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    ask: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo?"}]
+    sampled = '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'
+    first = PreviousTurn(
+        "s", 0, 0, builder.build(ask, tools, None).token_ids,
+        [*tokenizer.encode(sampled, add_special_tokens=False), tokenizer.eos_token_id],
+    )  # fmt: skip
+    after_result = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Oslo: snow, -3 C"},
+    ]
+    second = builder.build(after_result, tools, first)
+    answer = "It snows in Oslo."
+    answered = PreviousTurn(
+        "s", 1, 0, second.token_ids,
+        [*tokenizer.encode(answer, add_special_tokens=False), tokenizer.eos_token_id],
+        reply_index=3,
+    )  # fmt: skip
+    thanks: list[dict[str, Any]] = [
+        *after_result,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Thanks! And Lima?"},
+    ]
+    third = builder.build(thanks, tools, answered)
+    assert third.mode == "extended"
+    served = answered.prompt_token_ids + answered.completion_token_ids
+    assert third.token_ids[: len(served)] == served and sampled in builder.decode(third.token_ids)
+    assert builder.decode(third.token_ids).endswith(
+        template.render_text(thanks, tools)[len(template.render_text(thanks[:4], tools, False)) :]
+    )
+    edited = [*thanks[:3], {"role": "assistant", "content": "It rains."}, thanks[4]]
+    assert builder.build(edited, tools, answered).mode == "fresh"

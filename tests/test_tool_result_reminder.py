@@ -91,9 +91,8 @@ def test_served_prompts_extend_across_the_reminder(tokenizer: Any) -> None:
         {"role": "assistant", "content": None, "tool_calls": [call("a", "get_weather")]},
         result("a", "Oslo: snow, -3 C"),
     ]
-    through = template.render_text(after_result[:2], TOOLS[:1], add_generation_prompt=False)
-    written = through[len(template.render_text(ask, TOOLS[:1])) :].removesuffix("<|im_end|>\n")
-    sample0 = [*tokenizer.encode(written, add_special_tokens=False), end]  # the call as sampled
+    written = '```json\n{"name": "get_weather", "arguments": {}}\n```'  # not the template's way
+    sample0 = [*tokenizer.encode(written, add_special_tokens=False), end]
     built1 = builder.build(after_result, TOOLS[:1], turn(prompt0, sample0, 0))
     assert built1.mode == "extended" and built1.token_ids[: len(prompt0)] == prompt0
     text1 = builder.decode(built1.token_ids)
@@ -106,8 +105,10 @@ def test_served_prompts_extend_across_the_reminder(tokenizer: Any) -> None:
         {"role": "assistant", "content": "It snows, -3 C."},
         {"role": "user", "content": "Thanks!"},
     ]
-    built2 = builder.build(follow_up, TOOLS[:1], turn(built1.token_ids, sample1, 1))
-    assert built2.mode == "extended"
+    answered = turn(built1.token_ids, sample1, 1)
+    answered.reply_index = 3  # where the session store found the answer
+    built2 = builder.build(follow_up, TOOLS[:1], answered)
+    assert built2.mode == "extended"  # the call as sampled, two turns back, is kept
     assert built2.token_ids[: len(built1.token_ids) + len(sample1)] == built1.token_ids + sample1
 
     enhanced = HintInserter(tokenizer, tool_result_reminder=REMINDER).insert(

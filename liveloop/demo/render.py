@@ -331,8 +331,8 @@ def _tool_use(by_version: dict[str, dict[str, Any]]) -> list[str]:
     if not by_version:
         return []
     lines = ["", "| version | weather questions | first reply a tool call | replies after a "
-             "result | of those, a call again | answers | answered after a call | answer "
-             "used the result |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "result | of those, a call again (or written as text) | answers | answered after "
+             "a call | answer used the result |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for version, row in by_version.items():
         lines.append(
             f"| v{version} | {row['questions']} | {_fmt(row['tool_call_rate'], True)} | "
