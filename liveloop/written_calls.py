@@ -5,8 +5,8 @@ arguments; anything else stays content. A model that has just been shown a tool'
 and writes `{"name": "weather_in_paris", "arguments": {...}}` (or that as a Python dict in
 single quotes), `name: get_weather` and `arguments: {...}` on two lines, or
 `get_weather({"city": "Oslo"})`, has not answered the user: it tried to call a tool again
-and got the form wrong. The rule judge scores such a
-reply as a repeated call and the demo's report does not count it as an answer.
+and got the form wrong. The rule judge scores such a reply as a repeated call and the
+demo's report does not count it as an answer.
 """
 
 from __future__ import annotations

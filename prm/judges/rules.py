@@ -81,21 +81,22 @@ class RulesJudge(JudgeBase):
     def _repeated_call(self, request: JudgeRequest) -> JudgeResult | None:
         """`repeated_call_score` when the reply repeats a call whose result it was shown, or
         right after a tool result writes a call as text instead of answering."""
-        if self.config.repeated_call_score is None:
+        score = self.config.repeated_call_score
+        if score is None:
             return None
         answered = answered_calls(request.messages)
         calls = request.response.get("tool_calls")
         if not calls:
-            return self._written_call(request, answered)
+            return self._written_call(request, answered, score)
         for call in calls:
             name, arguments = call_signature(call)
             if (name, arguments) in answered:
                 hint = f"repeated tool call: {name} was already answered with these arguments"
-                return self._repeated(name, hint)
+                return self._repeated(score, name, hint)
         return None
 
     def _written_call(
-        self, request: JudgeRequest, answered: set[tuple[str, str]]
+        self, request: JudgeRequest, answered: set[tuple[str, str]], score: float
     ) -> JudgeResult | None:
         messages = request.messages
         if not answered or not messages or messages[-1].get("role") not in TOOL_ROLES:
@@ -105,12 +106,13 @@ class RulesJudge(JudgeBase):
             return None
         names = sorted({name for name, _ in answered})
         name = written if written in names else ", ".join(names)
-        return self._repeated(name, f"a call written as text after the tool's result ({written!r})")
+        hint = f"a call written as text after the tool's result ({written!r})"
+        return self._repeated(score, name, hint)
 
-    def _repeated(self, name: str, hint: str) -> JudgeResult:
+    def _repeated(self, score: float, name: str, hint: str) -> JudgeResult:
         directive = self.config.repeated_call_hint
         return JudgeResult(
-            score=self.config.repeated_call_score or 0.0,
+            score=score,
             hint=hint,
             directive_hint=directive.replace("{name}", name) if directive else None,
         )
