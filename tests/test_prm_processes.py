@@ -83,6 +83,14 @@ def wait_reading(client: redis.Redis, name: str, since: float, timeout_s: float 
     wait_until(read_since, timeout_s, what=f"a read by the restarted judge {name}")
 
 
+def reading(client: redis.Redis) -> set[str]:
+    """The judges that have read `liveloop:turns` in the judges' group."""
+    try:
+        return {str(c["name"]) for c in client.xinfo_consumers("liveloop:turns", "prm")}
+    except redis.ResponseError:  # no stream or group yet
+        return set()
+
+
 def stop(*procs: subprocess.Popen[bytes]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -93,11 +101,14 @@ def stop(*procs: subprocess.Popen[bytes]) -> None:
 
 def test_two_processes_share_work_survive_a_crash_and_score_each_turn_once(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    total = fill(client, sessions=100, turns_per_session=10)
     metrics_port = free_port()
     p1 = start_judge(redis_url, "p1")
     p2 = start_judge(redis_url, "p2", "--metrics-port", str(metrics_port))
     try:
+        # Both read before there is work: a judge that started first could otherwise score
+        # the first fifth alone, and the other would have no share to lose in the crash.
+        wait_until(lambda: reading(client) >= {"p1", "p2"}, 60, what="both judges reading")
+        total = fill(client, sessions=100, turns_per_session=10)
         wait_scored(client, total // 5)
         p1.send_signal(signal.SIGKILL)  # dies with entries in flight
         p1.wait(10)
