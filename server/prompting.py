@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from liveloop.server.sessions import PreviousTurn
+from liveloop.server.tools.template import last_reply_index
 
 
 class ChatTemplateLike(Protocol):
@@ -110,9 +111,7 @@ class PromptBuilder:
         writes after that token, then the rest of the fresh render. None when the template's
         own rendering of the conversation does not split there, or renders a text reply
         otherwise than it was sampled."""
-        k = previous.reply_index
-        if k is None:
-            k = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        k = previous.reply_index if previous.reply_index is not None else last_reply_index(messages)
         if not 0 <= k < len(messages) - 1 or messages[k].get("role") != "assistant":
             return None
         end_id = previous.completion_token_ids[-1]

@@ -84,10 +84,10 @@ class RulesJudge(JudgeBase):
         score = self.config.repeated_call_score
         if score is None:
             return None
-        answered = answered_calls(request.messages)
         calls = request.response.get("tool_calls")
         if not calls:
-            return self._written_call(request, answered, score)
+            return self._written_call(request, score)
+        answered = answered_calls(request.messages)
         for call in calls:
             name, arguments = call_signature(call)
             if (name, arguments) in answered:
@@ -95,14 +95,15 @@ class RulesJudge(JudgeBase):
                 return self._repeated(score, name, hint)
         return None
 
-    def _written_call(
-        self, request: JudgeRequest, answered: set[tuple[str, str]], score: float
-    ) -> JudgeResult | None:
+    def _written_call(self, request: JudgeRequest, score: float) -> JudgeResult | None:
         messages = request.messages
-        if not answered or not messages or messages[-1].get("role") not in TOOL_ROLES:
-            return None
+        if not messages or messages[-1].get("role") not in TOOL_ROLES:
+            return None  # only a reply right after a result; most replies stop here
         written = written_call(message_text(request.response))
         if written is None:
+            return None
+        answered = answered_calls(messages)
+        if not answered:
             return None
         names = sorted({name for name, _ in answered})
         name = written if written in names else ", ".join(names)

@@ -203,6 +203,11 @@ def with_reminders(messages: list[dict[str, Any]], reminder: str) -> list[dict[s
     return out
 
 
+def last_reply_index(messages: list[dict[str, Any]]) -> int:
+    """Index of the conversation's last assistant message, -1 when there is none."""
+    return max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+
+
 def _is_tool_result(message: Any) -> bool:
     return isinstance(message, dict) and message.get("role") == "tool"
 

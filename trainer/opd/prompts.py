@@ -8,13 +8,13 @@ inserted there, rendered the way the template renders a message in that place. T
 completion ids are not touched.
 
 The insertion is checked before it is used: the recorded prompt must decode to the template's
-render of the turn's messages (or, for a follow-up to replies the server turned into tool
-calls, to a render whose text after the last assistant message is the template's own: the
-replies before it are as the model wrote them, see `server/prompting.py`), end with the
-generation prompt's ids, and the extra
-message's text must be what the template adds for it and survive tokenisation unchanged. A
-template that renders differently (one that rejects a message in that place, or changes
-earlier text because of it) gives no enhanced prompt, and the turn is trained without OPD.
+render of the turn's messages (or, for a prompt the server extended token-exactly, to a
+render whose text after the last assistant message is the template's own: the replies
+before it are as the model wrote them, a call perhaps not in the template's form, see
+`server/prompting.py`), end with the generation prompt's ids, and the extra message's text
+must be what the template adds for it and survive tokenisation unchanged. A template that
+renders differently (one that rejects a message in that place, or changes earlier text
+because of it) gives no enhanced prompt, and the turn is trained without OPD.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from liveloop.server.tools.spec import ToolRequestError
-from liveloop.server.tools.template import ChatTemplate
+from liveloop.server.tools.template import ChatTemplate, last_reply_index
 
 Failure = Literal["template", "mismatch"]
 
@@ -116,7 +116,7 @@ class HintInserter:
         (what the hint goes at the end of), the assistant replies before it as sampled."""
         if text == full:
             return True
-        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        last = last_reply_index(messages)
         if last < 0:
             return False
         try:
