@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("demo", "eval"):
         cmds[name].add_argument("--minutes", type=float, help="bound on the run's length")
         cmds[name].add_argument("--users", type=int, help="concurrent simulated users")
+        cmds[name].add_argument(
+            "--weather-share",
+            type=float,
+            help="share of the simulated users who ask about the weather (default: 1 in 8)",
+        )
     cmds["demo"].add_argument(
         "--objective",
         help="training objective(s), comma-separated, run one after the other: rl, opd, "
@@ -169,7 +174,7 @@ def settings_from_args(args: argparse.Namespace) -> LiveLoopSettings:
         key = flag.lstrip("-").replace("-", "_")
         overrides[key] = getattr(args, key, None)
     demo: dict[str, Any] = {}
-    for key in ("minutes", "users"):
+    for key in ("minutes", "users", "weather_share"):
         if getattr(args, key, None) is not None:
             demo[key] = getattr(args, key)
     if getattr(args, "tenants", None) is not None:

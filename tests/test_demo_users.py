@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from liveloop.cli import build_parser, settings_from_args
+from liveloop.config import ConfigError
 from liveloop.demo import preferences as prefs
 from liveloop.demo.preferences import (
     TOPICS,
@@ -134,6 +136,21 @@ def test_non_strict_users_judge_only_the_preference() -> None:
 def test_population_is_a_mix_of_preferences() -> None:
     names = {p.name for p in make_population(16, 3, (20, 25))}
     assert {"word_limit", "opening", "one_sentence", "weather_tool"} <= names
+
+
+def test_weather_share_sets_how_many_users_ask_about_the_weather() -> None:
+    def weather_users(**kwargs: object) -> list[int]:
+        people = make_population(8, 3, (20, 25), **kwargs)  # type: ignore[arg-type]
+        return [i for i, p in enumerate(people) if p.name == "weather_tool"]
+
+    assert weather_users() == [7]  # one in eight by default
+    assert weather_users(weather_share=0.5) == [1, 3, 5, 7]
+    assert weather_users(weather_share=1.0) == list(range(8))
+    assert weather_users(weather_share=0.0) == []
+    parsed = build_parser().parse_args(["demo", "--weather-share", "0.5"])
+    assert settings_from_args(parsed).demo.weather_share == 0.5
+    with pytest.raises(ConfigError, match="weather_share"):
+        settings_from_args(build_parser().parse_args(["demo", "--weather-share", "1.5"]))
 
 
 def _every_phrase(fill: dict[str, object]) -> dict[str, list[str]]:

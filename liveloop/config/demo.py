@@ -14,6 +14,13 @@ class DemoConfig(Section):
     minutes: float = Field(15.0, gt=0, description="Length of the demo run.")
     users: int = Field(8, ge=1, description="Concurrent simulated users.")
     seed: int = Field(0, description="Seed of the simulated user population.")
+    weather_share: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Share of the simulated users (live and held-out) who ask about the weather "
+        "and want it answered through the weather tool. Unset: one user in eight.",
+    )
     turns_per_update: int = Field(
         0,
         ge=0,

@@ -83,11 +83,17 @@ def held_out_reward(stats: UserStats) -> dict[str, Any]:
     }
 
 
-def evaluate(base_url: str, model: str, seed: int) -> dict[str, Any]:
+def evaluate(
+    base_url: str, model: str, seed: int, weather_share: float | None = None
+) -> dict[str, Any]:
     """Held-out simulated users (a different seed) against whatever the server serves now."""
     defaults = model_defaults(model)
     people = make_population(
-        EVAL_USERS, seed + 10_000, defaults.word_limits, strict=defaults.has_language
+        EVAL_USERS,
+        seed + 10_000,
+        defaults.word_limits,
+        strict=defaults.has_language,
+        weather_share=weather_share,
     )
     return evaluate_people(base_url, model, people, seed)
 
@@ -145,7 +151,9 @@ def compare_versions(
     examples: list[dict[str, Any]] = []
     for label, version, path in candidates:
         load_version(supervisor.base_url, admin_key, path, version)
-        result[label] = evaluate(supervisor.base_url, settings.model, settings.demo.seed)
+        result[label] = evaluate(
+            supervisor.base_url, settings.model, settings.demo.seed, settings.demo.weather_share
+        )
         if version == candidates[-1][1]:
             examples = hint_examples(supervisor.base_url, settings.model, turns, version)
     return result, examples
@@ -180,7 +188,9 @@ def run_eval(settings: LiveLoopSettings, *, version: int | None) -> None:
         wait_ready(supervisor.base_url, supervisor)
         if chosen:
             load_version(supervisor.base_url, admin_key, path, chosen)
-        result = evaluate(supervisor.base_url, settings.model, settings.demo.seed)
+        result = evaluate(
+            supervisor.base_url, settings.model, settings.demo.seed, settings.demo.weather_share
+        )
     finally:
         supervisor.stop()
     print(json.dumps({"version": chosen, "path": path, **result}, indent=2))

@@ -12,6 +12,7 @@ complaint, never thanks.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -258,13 +259,20 @@ class WeatherAsker(WordLimit):
 
 
 def make_population(
-    n: int, seed: int, limits: tuple[int, ...] = (8, 10, 12), *, strict: bool = True
+    n: int,
+    seed: int,
+    limits: tuple[int, ...] = (8, 10, 12),
+    *,
+    strict: bool = True,
+    weather_share: float | None = None,
 ) -> list[WordLimit]:
     """A mix: mostly word limits alone, some wanting an opening or one sentence, some weather.
 
     `strict=False` gives users who judge a word limit alone, for a model that has no
     language at all (a randomly initialised one, used to exercise the pipeline).
+    `weather_share` is the share of weather users, spread evenly (None: one in eight).
     """
+    share = 1 / 8 if weather_share is None else weather_share
     rng = random.Random(seed)
     kinds: tuple[type[WordLimit], ...] = (WordLimit, WordLimit, Opening, WordLimit, OneSentence)
     people: list[WordLimit] = []
@@ -273,6 +281,7 @@ def make_population(
         if not strict:
             people.append(WordLimit(limit, strict=False))
             continue
-        kind = WeatherAsker if i % 8 == 7 else kinds[i % len(kinds)]
+        asks_weather = math.floor((i + 1) * share + 1e-9) > math.floor(i * share + 1e-9)
+        kind = WeatherAsker if asks_weather else kinds[i % len(kinds)]
         people.append(kind(limit))
     return people

@@ -195,6 +195,7 @@ def _run_loops(
             settings.demo.seed,
             defaults.word_limits,
             strict=defaults.has_language,
+            weather_share=settings.demo.weather_share,
         )
         title = f"LiveLoop demo ({objective})"
         with LiveView(supervisor, quiet=quiet, title=title) as view:
