@@ -33,6 +33,21 @@ def _child_setup() -> None:  # runs in the child between fork and exec
     os.setpgrp()  # a terminal Ctrl-C reaches the supervisor only; it stops children in order
 
 
+def last_log_line(path: Path, tail_bytes: int = 8192, width: int = 240) -> str:
+    """The last non-empty line of a loop's log (its error, when it crashed), shortened."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    return last if len(last) <= width else last[: width - 3] + "..."
+
+
 @dataclass
 class LoopProcess:
     """One supervised loop: its command, process, restart count and backoff state."""
@@ -155,7 +170,9 @@ class Supervisor:
                     delay = min(MAX_BACKOFF_S, 2.0**loop.restarts)
                     loop.next_start = now + delay
                     loop.restarts += 1
-                    msg = f"{loop.name} exited with {loop.last_exit}; restarting in {delay:.0f}s"
+                    why = last_log_line(loop.log_path) if loop.last_exit else ""
+                    msg = f"{loop.name} exited with {loop.last_exit}{f' ({why})' if why else ''}"
+                    msg += f"; restarting in {delay:.0f}s"
                     loop.history.append(msg)
                     events.append(msg)
                     log.warning(msg)
