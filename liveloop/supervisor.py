@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -46,6 +47,16 @@ def last_log_line(path: Path, tail_bytes: int = 8192, width: int = 240) -> str:
         return ""
     last = lines[-1]
     return last if len(last) <= width else last[: width - 3] + "..."
+
+
+def exit_reason(code: int | None, log_path: Path) -> str:
+    """Why a loop ended: the signal that killed it, else its log's last line after an error."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return last_log_line(log_path) if code else ""
 
 
 @dataclass
@@ -170,7 +181,7 @@ class Supervisor:
                     delay = min(MAX_BACKOFF_S, 2.0**loop.restarts)
                     loop.next_start = now + delay
                     loop.restarts += 1
-                    why = last_log_line(loop.log_path) if loop.last_exit else ""
+                    why = exit_reason(loop.last_exit, loop.log_path)
                     msg = f"{loop.name} exited with {loop.last_exit}{f' ({why})' if why else ''}"
                     msg += f"; restarting in {delay:.0f}s"
                     loop.history.append(msg)

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from liveloop.config.trainer import TrainerConfig
-from liveloop.trainer.loss import LossConfig, decoupled_ppo_loss, k3_kl
+from liveloop.trainer.loss import (
+    KL_LINEAR_FROM,
+    LossConfig,
+    bounded_k3,
+    decoupled_ppo_loss,
+    k3_kl,
+)
 
 CFG = LossConfig(eps_low=0.2, eps_high=0.28, iw_cap=5.0, iw_cap_mode="mask", kl_coef=0.0)
 LN = math.log
@@ -100,3 +106,37 @@ def test_k3_is_zero_for_equal_policies_and_positive_otherwise() -> None:
     a = torch.tensor([-1.0, -2.0])
     assert torch.equal(k3_kl(a, a), torch.zeros(2))
     assert bool((k3_kl(a, a + 0.1) > 0).all())
+
+
+def test_the_reference_penalty_grows_linearly_past_its_bound() -> None:
+    current = torch.tensor([-1.0, -1.0, -20.0, -60.0], dtype=torch.float64, requires_grad=True)
+    reference = torch.tensor([-2.0, -0.5, -1.0, -1.0], dtype=torch.float64)  # d: -1, .5, 19, 59
+    penalty = bounded_k3(current, reference)
+    exact = k3_kl(current.detach(), reference)
+    torch.testing.assert_close(penalty[:2].detach(), exact[:2])  # k3 itself near the reference
+    c = KL_LINEAR_FROM
+    at_bound = math.exp(c) - c - 1
+    expected = [at_bound + math.expm1(c) * (d - c) for d in (19.0, 59.0)]
+    torch.testing.assert_close(penalty[2:].detach(), torch.tensor(expected, dtype=torch.float64))
+    assert float(exact[3]) > 1e25  # what k3 itself gives there
+    penalty.sum().backward()
+    assert current.grad is not None and bool(torch.isfinite(current.grad).all())
+    # d/dc of k3 is 1 - exp(r - c); past the bound the pull is a constant -(e^c - 1)
+    torch.testing.assert_close(
+        current.grad[:2], 1 - torch.exp(reference[:2] - current[:2].detach())
+    )
+    torch.testing.assert_close(
+        current.grad[2:], torch.full((2,), -math.expm1(c), dtype=torch.float64)
+    )
+
+
+def test_a_far_token_no_longer_swamps_the_loss() -> None:
+    current = torch.tensor([-1.0, -20.0], dtype=torch.float64, requires_grad=True)
+    reference = torch.tensor([-1.0, -1.0], dtype=torch.float64)
+    advantages = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    cfg = LossConfig.of(TrainerConfig(), kl_coef=0.1)
+    terms = decoupled_ppo_loss(
+        current, current.detach(), current.detach(), advantages, cfg, reference
+    )
+    assert terms.ref_kl_sum < 200  # k3 alone: exp(19) - 20, about 1.8e8
+    assert terms.loss_sum.item() == pytest.approx(-2.0 + 0.1 * terms.ref_kl_sum)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from liveloop.config import load_settings
-from liveloop.supervisor import LoopProcess, Supervisor, last_log_line
+from liveloop.supervisor import LoopProcess, Supervisor, exit_reason, last_log_line
 
 CRASH = "import sys; print('loading...'); sys.exit('RuntimeError: tensors on cuda:0 and cpu')"
 
@@ -39,3 +39,11 @@ def test_last_log_line_reads_the_tail_only(tmp_path: Path) -> None:
     assert last_log_line(log) == "ValueError: bad \ufffd input"
     log.write_text("y" * 500 + "\n")
     assert last_log_line(log, width=20) == "y" * 17 + "..."
+
+
+def test_a_killed_loop_is_named_by_its_signal_not_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("INFO v8 accepted: 13 samples\n")
+    assert exit_reason(-9, log) == "killed by SIGKILL"
+    assert exit_reason(1, log) == "INFO v8 accepted: 13 samples"
+    assert exit_reason(0, log) == ""
