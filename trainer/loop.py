@@ -38,6 +38,7 @@ from liveloop.quality import QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 from liveloop.trainer.dist import Comm
+from liveloop.trainer.memory import release_freed_memory
 from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.objectives import objective_class
 from liveloop.trainer.policy import load_policy
@@ -162,6 +163,7 @@ class Trainer:
         self._load(version or None)
         if self.cfg.gate.drop_momentum:
             self._updater().drop_momentum()
+        release_freed_memory()  # the refused policy's weights and optimizer state
 
     def _updater(self) -> PPOUpdater:
         if self.updater is None:
@@ -382,6 +384,7 @@ class Trainer:
         await source.done(item)
         self.updates_done += 1
         self.last_stats = stats
+        await asyncio.to_thread(release_freed_memory)  # the merged copy, activations, logits
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
         log.info("v%d %s: %s", state.version, state.status, stats.describe())
