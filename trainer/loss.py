@@ -82,10 +82,10 @@ def bounded_k3(logp_sampling: torch.Tensor, logp_other: torch.Tensor) -> torch.T
     """k3 (`k3_kl`) while d = other - sampling <= KL_LINEAR_FROM, its tangent line beyond.
 
     The KL anchor's tokens were sampled by the served version, not the current policy, so
-    k3's exp(d) is unbounded on them: one token the current policy has pushed 16 nats below
-    the reference scored 9,000,000 and a batch's mean reference KL 9,420 (0.5B, all-weather
-    users), and with the gradient clipped the whole update went to that token. Past the
-    bound the penalty still pulls with a constant slope, e^2 - 1 a token.
+    k3's exp(d) is unbounded on them: a single token the current policy has pushed far
+    below the reference would outweigh the whole batch, and with the gradient clipped the
+    update would go to that token alone. Past the bound the penalty still pulls, with a
+    constant slope of e^2 - 1 a token.
     """
     d = logp_other - logp_sampling
     near = d.clamp(max=KL_LINEAR_FROM)  # no exp() of a large d, nor of its gradient

@@ -2,9 +2,9 @@
 
 Each update frees gigabytes in tensors of a few megabytes (the merged copy the gate probes,
 activations, generation logits), allocated from worker threads. glibc keeps such freed
-blocks in its heaps for reuse rather than returning them, so the trainer's resident memory
-grew by 2-3 GB an update on the 0.5B model until the kernel killed it on a 24 GiB machine.
-`malloc_trim` returns the free pages of every heap.
+blocks in its heaps for reuse rather than returning them, so without this the trainer's
+resident memory climbs update after update until the kernel kills it. `malloc_trim`
+returns the free pages of every heap (`bench/trainer_memory.py` measures the difference).
 """
 
 from __future__ import annotations
