@@ -7,8 +7,10 @@ then the group is closed. A group of two or more gets advantages (score - mean) 
 baseline, an exponential moving average with bias correction, so the first scores are not
 measured against an arbitrary zero.
 
-There is one baseline per judge and, with `baseline_scope = "task"`, one per judge and
-*task*: turns whose requests share a system prompt and a set of offered tools
+There is one baseline per judge (or one that all judges share, `baseline_per_judge` off:
+for judges that score the same outcome on one scale, such as explicit feedback at the end of
+a session and the rules judge's reading of the user's replies before it) and, with
+`baseline_scope = "task"`, one per judge and *task*: turns whose requests share a system prompt and a set of offered tools
 (`task_key`). Tasks differ in how often they please: a task the policy never gets right (a
 tool it does not call yet) scored against the judge-wide mean pushes down every reply it
 gives, round after round, and with it whatever those replies share with the good replies
@@ -33,6 +35,7 @@ from liveloop.samples import min_version
 
 GROUP_STD_EPS = 1e-6
 TASK_MARK = "#task:"  # a task baseline's name: <judge>#task:<task key>
+POOLED = "pooled"  # the baseline's name when judges share one (`per_judge` off)
 
 
 def task_key(turn: TurnRecord) -> str:
@@ -131,6 +134,7 @@ class Baselines:
     scope: BaselineScope = "judge"
     min_task_turns: int = 4
     max_tasks: int = 256
+    per_judge: bool = True
     by_judge: dict[str, RunningBaseline] = field(default_factory=dict)
     by_task: dict[str, RunningBaseline] = field(default_factory=dict)  # oldest first
     _dropped: list[str] = field(default_factory=list, init=False, repr=False)
@@ -141,20 +145,27 @@ class Baselines:
             self.by_judge[judge] = RunningBaseline(self.decay)
         return self.by_judge[judge]
 
+    def judge_of(self, turn: ScoredTurn) -> str:
+        """The name of the judge-wide baseline the turn counts in: its judge's, or the one
+        all judges share when `per_judge` is off."""
+        return turn.judge if self.per_judge else POOLED
+
     def task_name(self, turn: ScoredTurn) -> str | None:
         """The name of the turn's task baseline; None with scope "judge"."""
-        return f"{turn.judge}{TASK_MARK}{task_key(turn)}" if self.scope == "task" else None
+        if self.scope != "task":
+            return None
+        return f"{self.judge_of(turn)}{TASK_MARK}{task_key(turn)}"
 
     def value_for(self, turn: ScoredTurn, task: str | None) -> float:
         """The baseline a lone turn is measured against (`task`: its `task_name`)."""
         baseline = self.by_task.get(task) if task is not None else None
         if baseline is not None and baseline.count >= self.min_task_turns:
             return baseline.value
-        return self.get(turn.judge).value
+        return self.get(self.judge_of(turn)).value
 
     def update(self, turn: ScoredTurn, task: str | None) -> None:
         """Fold the turn's score into its judge's baseline (and its task's, if `task`)."""
-        self.get(turn.judge).update(turn.score)
+        self.get(self.judge_of(turn)).update(turn.score)
         if task is None:
             return
         baseline = self.by_task.pop(task, None) or RunningBaseline(self.decay)

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from liveloop import bus
 from liveloop.bus import keys
 from liveloop.collector.advantages import Baselines, GroupAssembler, PendingSample
+from liveloop.collector.call_credit import CallCredit
 from liveloop.collector.metrics import CollectorMetrics
 from liveloop.collector.packing import Bin, FlushPolicy
 from liveloop.collector.versions import TrainerVersion
@@ -93,11 +94,13 @@ class Collector:
         self.versions = trainer_version or TrainerVersion(client, poll_s=cfg.version_poll_s)
         self.writer = BatchWriter(client, shared.data_dir, cfg.inline_max_bytes)
         self.groups = GroupAssembler(cfg.group_wait_s)
+        self.calls = CallCredit(cfg.call_credit, cfg.call_credit_wait_s)
         self.baselines = Baselines(
             cfg.baseline_decay,
             scope=cfg.baseline_scope,
             min_task_turns=cfg.baseline_min_task_turns,
             max_tasks=cfg.baseline_max_tasks,
+            per_judge=cfg.baseline_per_judge,
         )
         self.tenant_baselines: dict[str, Baselines] = {}  # tenant scope: each tenant's own
         self.policy = FlushPolicy(cfg.token_budget, cfg.min_turns, cfg.min_fill, cfg.max_wait_s)
@@ -157,6 +160,7 @@ class Collector:
         turns are still pending in the group and come back (re-read from the start of our
         pending list); those already in a published batch are then acknowledged as such."""
         self.groups = GroupAssembler(self.cfg.group_wait_s)
+        self.calls = CallCredit(self.cfg.call_credit, self.cfg.call_credit_wait_s)
         self.ready = []
         self.held.clear()
         self._held_keys.clear()
@@ -176,21 +180,30 @@ class Collector:
         await self._keep_held(now)
         await self._intake(entries, now)
         moved: dict[str | None, set[str]] = {}
-        for group in self.groups.pop_closed(now):
+        for group in self._credited(self.groups.pop_closed(now), now):
             tenant = group[0].turn.tenant if self.tenant_versions is not None else None
             baselines = self._baselines_of(tenant)
             baselines.assign(group)
             for p in group:
-                moved.setdefault(tenant, set()).add(p.turn.judge)
+                judge = baselines.judge_of(p.turn)
+                moved.setdefault(tenant, set()).add(judge)
                 self.metrics.reward.labels(str(p.main_version)).observe(p.turn.score)
                 if tenant is None:  # per tenant, the label set would be unbounded
-                    self.metrics.baseline.labels(p.turn.judge).set(
-                        baselines.get(p.turn.judge).value
-                    )
+                    self.metrics.baseline.labels(judge).set(baselines.get(judge).value)
             self.ready.extend(group)
         await self._store_baselines(moved)
         await self._flush(now)
         self.metrics.pending.set(len(self.held))
+
+    def _credited(self, closed: list[list[PendingSample]], now: float) -> list[list[PendingSample]]:
+        """The closed groups ready for advantages: lone tool calls wait for their answer's
+        judgment (`CallCredit`), those released now join."""
+        credited, expired = self.calls.credited, self.calls.expired
+        ready = self.calls.route(closed, now)
+        self.metrics.credited_calls.labels("answered").inc(self.calls.credited - credited)
+        self.metrics.credited_calls.labels("expired").inc(self.calls.expired - expired)
+        self.metrics.waiting_calls.set(len(self.calls))
+        return ready
 
     def _baselines_of(self, tenant: str | None) -> Baselines:
         """The reward baselines a turn is measured against: in tenant scope its tenant's
@@ -201,7 +214,7 @@ class Collector:
         if found is None:
             b = self.baselines
             found = Baselines(b.decay, scope=b.scope, min_task_turns=b.min_task_turns,
-                              max_tasks=b.max_tasks)  # fmt: skip
+                              max_tasks=b.max_tasks, per_judge=b.per_judge)  # fmt: skip
             self.tenant_baselines[tenant] = found
         return found
 
@@ -224,6 +237,7 @@ class Collector:
         deleted from the stream, are acknowledged), and its baselines go."""
         held = [p for p in self.ready if p.turn.tenant == tenant]
         held += self.groups.drop_tenant(tenant)
+        held += self.calls.drop_tenant(tenant)
         self.ready = [p for p in self.ready if p.turn.tenant != tenant]
         self.tenant_baselines.pop(tenant, None)
         if held:

@@ -80,5 +80,18 @@ class CollectorMetrics:
             registry=r,
         )
 
+        self.credited_calls = Counter(
+            "liveloop_collector_credited_calls",
+            "Tool-call turns released for training: 'answered' (credited with the judgment "
+            "of the answer they led to) or 'expired' (no judged answer in time).",
+            ["outcome"],
+            registry=r,
+        )
+        self.waiting_calls = Gauge(
+            "liveloop_collector_waiting_calls",
+            "Tool-call turns waiting for the judgment of their answer.",
+            registry=r,
+        )
+
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
         return Histogram(f"liveloop_collector_{name}", doc, buckets=buckets, registry=self.registry)

@@ -10,7 +10,13 @@ import pytest
 import redis.asyncio as aredis
 
 from liveloop import bus
-from liveloop.collector.advantages import TASK_MARK, Baselines, PendingSample, task_key
+from liveloop.collector.advantages import (
+    POOLED,
+    TASK_MARK,
+    Baselines,
+    PendingSample,
+    task_key,
+)
 from liveloop.collector.loop import Collector
 from liveloop.collector.packing import FlushPolicy, first_fit
 from liveloop.collector.writer import BatchWriter
@@ -128,6 +134,27 @@ def test_running_baseline_is_a_bias_corrected_ema_per_judge() -> None:
     ]
     baselines.assign(group)
     assert [p.advantage for p in group] == [0.0, 0.0]
+
+
+def test_judges_can_share_one_baseline() -> None:
+    """Feedback on a session's last reply and the rules judge's reading of the replies
+    before it measure one outcome: pooled, a -1 is measured against both."""
+    pooled, split = Baselines(decay=0.9, per_judge=False), Baselines(decay=0.9)
+    for baselines in (pooled, split):
+        for _ in range(5):
+            baselines.assign(
+                [PendingSample("f", scored_turn("a", score=-1.0, judge="feedback"), 0)]
+            )
+            baselines.assign([PendingSample("r", scored_turn("b", score=1.0, judge="rules"), 0)])
+    made_up = [PendingSample("x", scored_turn("c", score=-1.0, judge="feedback"), 0.0)]
+    pooled.assign(made_up)
+    assert made_up[0].advantage < -1.0  # against a mean above 0: the rules judge's +1s count
+    split.assign(made_up)
+    assert made_up[0].advantage == pytest.approx(0.0)  # against feedback's -1s only
+    assert set(pooled.by_judge) == {POOLED}
+    restored = Baselines(decay=0.9, per_judge=False)
+    restored.load(pooled.dump())
+    assert restored.get(POOLED).value == pytest.approx(pooled.get(POOLED).value)
 
 
 def with_tool(turn: ScoredTurn, name: str = "get_weather") -> ScoredTurn:

@@ -61,6 +61,27 @@ class CollectorConfig(Section):
             "before its advantages are computed."
         ),
     )
+    call_credit: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description=(
+            "How much of a tool call's score comes from the answer it led to: a turn whose "
+            "reply called tools waits for the judgment of the turn that answered with their "
+            "results, and scores (1 - call_credit) x its own score (the tool result's) + "
+            "call_credit x the answer's (a chain of calls takes the final answer's). 0: a call "
+            "is judged by its tool result alone and nothing waits. Lone samples only (n = 1)."
+        ),
+    )
+    call_credit_wait_s: float = Field(
+        180.0,
+        gt=0,
+        description=(
+            "Longest a tool call waits for its answer's judgment; then it goes on with its own "
+            "score. Keep it above the judge's `next_state_timeout_s` plus the time an agent "
+            "takes to answer after a tool result."
+        ),
+    )
     baseline_decay: float = Field(
         0.9, gt=0, lt=1, description="Decay of the running reward baselines (EMA)."
     )
@@ -73,6 +94,16 @@ class CollectorConfig(Section):
             "`baseline_min_task_turns` scores), so a task that always fails or always "
             "succeeds does not push its replies down or up against the others; for "
             "deployments where agents of very different success share a judge."
+        ),
+    )
+    baseline_per_judge: bool = Field(
+        True,
+        description=(
+            "One running baseline per judge (true), or one that all judges share (false): for "
+            "judges that score the same outcome on one scale, such as explicit feedback on a "
+            "session's last reply and the rules judge's reading of the user's replies before "
+            "it. Kept per judge, the same reply is measured against different means depending "
+            "on where in a session it fell."
         ),
     )
     baseline_min_task_turns: int = Field(
