@@ -84,3 +84,11 @@ def test_every_field_documented() -> None:
         return missing
 
     assert walk(LiveLoopSettings, "") == []
+
+
+def test_a_call_must_wait_longer_than_the_judge_waits_for_its_answer(tmp_path: Path) -> None:
+    short = "[prm]\nnext_state_timeout_s = 120\n[collector]\ncall_credit_wait_s = 60\n"
+    with pytest.raises(ConfigError, match=r"call_credit_wait_s \(60\) must exceed"):
+        load_settings(write(tmp_path, short))
+    off = short + "call_credit = 0\n"
+    assert load_settings(write(tmp_path, off)).collector.call_credit == 0

@@ -103,6 +103,19 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _calls_wait_longer_than_their_answers_judging(self) -> Self:
+        """A tool call waits for its answer's judgment, which the judge may give only after
+        `next_state_timeout_s`: a shorter wait would credit almost no call."""
+        wait, timeout = self.collector.call_credit_wait_s, self.prm.next_state_timeout_s
+        if self.collector.call_credit > 0 and wait <= timeout:
+            raise ValueError(
+                f"collector.call_credit_wait_s ({wait:g}) must exceed prm.next_state_timeout_s "
+                f"({timeout:g}): a call waits for its answer to be judged (or set "
+                "collector.call_credit = 0)"
+            )
+        return self
+
     def shared(self) -> SharedSettings:
         """The shared part, for a loop (no section, no secret)."""
         return SharedSettings.model_validate(

@@ -74,12 +74,12 @@ class CollectorConfig(Section):
         ),
     )
     call_credit_wait_s: float = Field(
-        180.0,
+        300.0,
         gt=0,
         description=(
             "Longest a tool call waits for its answer's judgment; then it goes on with its own "
-            "score. Keep it above the judge's `next_state_timeout_s` plus the time an agent "
-            "takes to answer after a tool result."
+            "score. Must exceed the judge's `prm.next_state_timeout_s`; leave room for the "
+            "time an agent takes to answer after a tool result and its user to reply."
         ),
     )
     baseline_decay: float = Field(
