@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from liveloop.config.defaults import ANSWER_FROM_RESULT
+from liveloop.demo.tool_probe import probe_questions, tool_call_rate
 from liveloop.models import ModelLoadError, load_tokenizer, resolve_model_dir
 from liveloop.server.tools.template import ChatTemplate
 from liveloop.valkey import EmbeddedValkey
@@ -186,3 +187,20 @@ def test_after_the_tool_result_the_model_answers_from_it(
     assert turns[-1]["prompt_token_ids"][: len(served)] == served
     sampled_call = tokenizer.decode(turns[0]["completion_token_ids"], skip_special_tokens=True)
     assert sampled_call.strip() in tokenizer.decode(turns[-1]["prompt_token_ids"])
+
+
+def test_tool_probes_count_the_first_replies_that_call_the_tool(
+    qwen_server: ServerProcess,
+) -> None:
+    """The demo's end-of-run measure of tool use, against the real model: it calls the tool
+    for most weather questions, and the probes are not recorded."""
+    questions = probe_questions(6, seed=0)
+    assert questions == probe_questions(6, seed=0) and len(set(questions)) > 1
+    server_redis = redis.Redis.from_url(qwen_server.redis_url, decode_responses=True)
+    before = server_redis.xlen("liveloop:turns")
+    probe = tool_call_rate(qwen_server.base_url, MODEL, 6, seed=0, api_key=API_KEYS[0])
+    assert probe is not None and probe["questions"] == 6
+    assert probe["called"] >= 3, probe
+    assert probe["rate"] == probe["called"] / 6
+    assert server_redis.xlen("liveloop:turns") == before
+    server_redis.close()

@@ -136,6 +136,10 @@ def test_demo_on_tiny_random_learns_within_four_minutes(tmp_path: Path) -> None:
     assert all(len(row["replies"]) == 24 for row in held_out.values())
     markdown = (out / "report.md").read_text()
     assert "Judged reward gain" in markdown and "The same held-out questions" in markdown
+    probes = headline["tool_call_rate"]  # the same weather questions asked of both versions
+    assert probes["version 0"]["questions"] == probes["final"]["questions"] == 32
+    assert 0 <= probes["final"]["called"] <= 32
+    assert "first reply called the weather tool: version 0 " in markdown
     said = report["reactions"]  # every recorded answer has its user's reason
     assert sum(said["first"].values()) == pytest.approx(1.0)
     assert "## What the users said" in markdown

@@ -21,6 +21,13 @@ class DemoConfig(Section):
         description="Share of the simulated users (live and held-out) who ask about the weather "
         "and want it answered through the weather tool. Unset: one user in eight.",
     )
+    tool_probes: int = Field(
+        32,
+        ge=0,
+        description="Held-out weather questions asked of version 0 and of the final version "
+        "at the end, each as a session's first message with the weather tool offered; the "
+        "report shows how many first replies called the tool. 0 (or weather_share 0): none.",
+    )
     turns_per_update: int = Field(
         0,
         ge=0,

@@ -25,6 +25,7 @@ from liveloop.demo.examples import hint_examples
 from liveloop.demo.measures import reply_quality
 from liveloop.demo.preferences import WordLimit, make_population
 from liveloop.demo.report import JudgedTurn
+from liveloop.demo.tool_probe import tool_call_rate
 from liveloop.demo.users import UserRun, UserStats, run_population
 from liveloop.supervisor import Supervisor
 from liveloop.valkey import free_port
@@ -154,6 +155,11 @@ def compare_versions(
         result[label] = evaluate(
             supervisor.base_url, settings.model, settings.demo.seed, settings.demo.weather_share
         )
+        probes = settings.demo.tool_probes if settings.demo.weather_share != 0 else 0
+        if probes:
+            result[label]["tool_probe"] = tool_call_rate(
+                supervisor.base_url, settings.model, probes, settings.demo.seed
+            )
         if version == candidates[-1][1]:
             examples = hint_examples(supervisor.base_url, settings.model, turns, version)
     return result, examples

@@ -115,6 +115,24 @@ def _headline(summary: dict[str, Any]) -> list[str]:
         f"version 0 {_fmt(non_answers.get('version 0'), True)}, final "
         f"{_fmt(non_answers.get('final'), True)} ({_mark(checks.get('non_answers'))})",
         *_sense_line(h, checks),
+        *_tool_line(h),
+    ]
+
+
+def _tool_line(h: dict[str, Any]) -> list[str]:
+    """The held-out weather questions' first replies that called the tool, when asked."""
+    rates = h.get("tool_call_rate") or {}
+    if not rates.get("version 0") and not rates.get("final"):
+        return []
+
+    def one(probe: dict[str, Any] | None) -> str:
+        if not probe:
+            return "-"
+        return f"{probe['called']}/{probe['questions']} ({_fmt(probe['rate'], True)})"
+
+    return [
+        f"- held-out weather questions whose first reply called the weather tool: version 0 "
+        f"{one(rates.get('version 0'))}, final {one(rates.get('final'))}"
     ]
 
 

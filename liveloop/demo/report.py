@@ -237,6 +237,10 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         },
         "ref_nll": {"version 0": v0_probe.get("ref_nll"), "final": final_probe.get("ref_nll")},
         "sense_rate": {"version 0": base.get("sense_rate"), "final": final.get("sense_rate")},
+        "tool_call_rate": {
+            "version 0": base.get("tool_probe"),
+            "final": final.get("tool_probe"),
+        },
         "final_probed_version": final_version,
     }
     checks: dict[str, bool | None] = {
