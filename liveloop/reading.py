@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -112,6 +113,16 @@ def letter_words(text: str | None) -> list[str]:
     return WORD.findall(text or "")
 
 
+def foreign_letters(text: str | None) -> int:
+    """How many letters are of another script than the Latin one: a reader of English cannot
+    read a reply that slides into Chinese or Cyrillic, even for one word ("21摄氏度")."""
+    return sum(
+        1
+        for c in text or ""
+        if c.isalpha() and not c.isascii() and not unicodedata.name(c, "").startswith("LATIN")
+    )
+
+
 def symbol_share(text: str | None) -> float:
     """Share of the non-space characters that are neither letters, digits nor punctuation."""
     chars = [c for c in (text or "") if not c.isspace()]
@@ -165,12 +176,15 @@ class ReplyReading:
     repetition: float
     on_topic: bool | None  # None when no topic was given
     thin: bool = False  # on topic but says nothing about it ("Bread.  30 words.")
+    foreign_letters: int = 0  # letters of another script than the Latin one ("21摄氏度")
 
     @property
     def problem(self) -> str | None:
         """Why a reader would not accept the reply as an answer at all, or None."""
         if self.markup_share > MAX_MARKUP_SHARE:
             return "markup"
+        if self.foreign_letters:
+            return "foreign"
         if self.symbol_share > MAX_SYMBOL_SHARE:
             return "symbols"
         if self.words == 0 or self.english_share < MIN_ENGLISH_SHARE or self.word_salad:
@@ -185,7 +199,8 @@ class ReplyReading:
 
     @property
     def no_answer(self) -> bool:
-        """Not an answer at all (nonsense, word salad, symbols, markup, repeats); off-topic
+        """Not an answer at all (nonsense, word salad, another script, symbols, markup,
+        repeats); off-topic
         and thin replies are answers, to the wrong question or with too little in them."""
         return self.problem not in (None, "off_topic", "thin")
 
@@ -256,4 +271,5 @@ def read_reply(
         repetition=repetition(words),
         on_topic=on_topic,
         thin=bool(on_topic) and says_too_little(words, known, min_content, lexicon),
+        foreign_letters=foreign_letters(text),
     )

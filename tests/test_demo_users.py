@@ -42,6 +42,10 @@ LONG = (
         ("bees bees bees bees bees bees", "repetitive"),
         ("Bees make honey. Bees make honey. Bees make honey. Bees make honey.", "repetitive"),
         ("<b>bees</b> <i>honey</i> <div>hive</div> <p>x</p>", "markup"),
+        # An English answer that slides into another script, even for one word (a drifted
+        # Qwen's "21摄氏度"); accented Latin letters are fine (see below).
+        ("Bees make honey in the hive at 21摄氏度 in summer.", "foreign"),
+        ("Пчёлы make honey.", "foreign"),
         ("Trains run on rails across the whole country.", "off_topic"),
         # Word salad with the topic in it (a drifted policy's replies): listed but rare or
         # invented words, which the English word list alone let through.
@@ -78,7 +82,11 @@ def test_an_answer_that_names_the_topic_but_says_nothing_is_not_thanked(
 
 
 def test_short_answers_that_say_something_still_please() -> None:
-    for reply in ("Bees make honey from nectar.", "Bees are insects that pollinate flowers."):
+    for reply in (
+        "Bees make honey from nectar.",
+        "Bees are insects that pollinate flowers.",
+        "Bees make honey for the café.",  # accented Latin letters are not another script
+    ):
         assert WordLimit(10).react(ASK_BEES, reply, random.Random(0)).rating == 1.0, reply
     owls = next(t for t in TOPICS if t.name == "owls")
     owl_fact = "Owls hunt at night."

@@ -82,6 +82,10 @@ COMPLAINTS = {
         "That's just a bunch of symbols, not an answer.", "That makes no sense.",
         "Why all the symbols? Answer in plain words.",
     ),
+    "foreign": (
+        "I can't understand that at all; please answer in plain English.",
+        "That's not English, I can't read it. Please answer in plain English.",
+    ),
     "markup": ("That's formatting junk, not an answer.", "Please answer in plain words, no markup."),
     "repetitive": (
         "You're repeating yourself, that makes no sense.", "That's the same words over and over.",

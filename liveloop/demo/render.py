@@ -316,6 +316,7 @@ REACTIONS = {  # a user's reason (`Reaction.reason`) as the report names it, in 
     "no_tool": "wanted the weather tool used", "wrong_weather": "contradicted the tool's result",
     "written_call": "wrote a call as text after the result",
     "off_topic": "off topic", "thin": "said nothing about the topic", "nonsense": "nonsense",
+    "foreign": "another script",
     "symbols": "symbols", "markup": "markup", "repetitive": "repeated itself",
 }  # fmt: skip
 
