@@ -16,6 +16,10 @@ is not judged within `wait_s` (the agent gave up, or its last turn was never jud
 with its own score. The answer is found by the OpenAI contract: its request carries the
 call's ids in the tool messages that end it. Groups of several samples (n > 1) are not held:
 only one sample's calls can have been run, and the group is normalised as it is.
+
+What waits here is in memory only; its stream entries stay pending, so a restarted collector
+reads the calls again and they wait again. An answer already published in a batch before the
+restart is not read again: such a call goes on with its own score after the wait.
 """
 
 from __future__ import annotations
