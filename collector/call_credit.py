@@ -27,9 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from liveloop.collector.advantages import PendingSample
-from liveloop.contracts import ScoredTurn
-
-TOOL_ROLES = frozenset({"tool", "function"})
+from liveloop.contracts import TOOL_ROLES, ScoredTurn
 
 
 def call_ids(turn: ScoredTurn) -> list[str]:
@@ -55,6 +53,7 @@ class HeldCall:
 
     sample: PendingSample
     since: float
+    ids: list[str]  # its calls' ids (`call_ids`)
     waiting_on_me: list[str] = field(default_factory=list)  # keys of earlier calls in a chain
 
 
@@ -124,11 +123,11 @@ class CallCredit:
     ) -> list[list[PendingSample]]:
         """Hold a lone call (a link in `answered`'s chain, if given); resolved at once
         when its answer was judged first."""
-        key, session = sample.key, sample.turn.session_id
-        self._held[key] = HeldCall(sample, now, [answered] if answered is not None else [])
-        for call_id in call_ids(sample.turn):
+        key, session, ids = sample.key, sample.turn.session_id, call_ids(sample.turn)
+        self._held[key] = HeldCall(sample, now, ids, [answered] if answered is not None else [])
+        for call_id in ids:
             self._by_call[(session, call_id)] = key
-        for call_id in call_ids(sample.turn):
+        for call_id in ids:
             early = self._early.pop((session, call_id), None)
             if early is not None:
                 return self._resolve(key, early.score)
@@ -151,9 +150,8 @@ class CallCredit:
 
     def _forget(self, key: str) -> HeldCall:
         held = self._held.pop(key)
-        session = held.sample.turn.session_id
-        for call_id in call_ids(held.sample.turn):
-            self._by_call.pop((session, call_id), None)
+        for call_id in held.ids:
+            self._by_call.pop((held.sample.turn.session_id, call_id), None)
         return held
 
     def _remember_early(self, sample: PendingSample, now: float) -> None:

@@ -21,6 +21,9 @@ TurnType = Literal["main", "side"]
 """'main': part of the conversation, trained on; 'side': a title, a summary, never trained on."""
 TURN_TYPES: tuple[TurnType, ...] = get_args(TurnType)
 
+TOOL_ROLES = frozenset({"tool", "function", "ipython"})
+"""Roles of the messages that carry a tool's result back (OpenAI's, its legacy one, Llama's)."""
+
 
 class VersionStatus(StrEnum):
     """Where a policy version stands: the trainer records it, the registry keeps it, the

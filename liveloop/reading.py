@@ -200,8 +200,8 @@ class ReplyReading:
     @property
     def no_answer(self) -> bool:
         """Not an answer at all (nonsense, word salad, another script, symbols, markup,
-        repeats); off-topic
-        and thin replies are answers, to the wrong question or with too little in them."""
+        repeats); off-topic and thin replies are answers, to the wrong question or with too
+        little in them."""
         return self.problem not in (None, "off_topic", "thin")
 
     @property

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from liveloop.config.prm import HINT_CHARS, RulesJudgeConfig
-from liveloop.contracts import call_arguments_value
+from liveloop.contracts import TOOL_ROLES, call_arguments_value
 from liveloop.prm.judges.base import (
     JudgeBase,
     JudgeContext,
@@ -34,7 +34,6 @@ from liveloop.prm.judges.base import (
 )
 from liveloop.written_calls import written_call
 
-TOOL_ROLES = frozenset({"tool", "function", "ipython"})
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
