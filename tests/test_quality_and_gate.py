@@ -18,14 +18,20 @@ from liveloop.collector.writer import BatchWriter
 from liveloop.config import LiveLoopSettings, load_settings
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.demo.gate_probes import HeldOutUsers
-from liveloop.probe_sources import ProbeContext
+from liveloop.probe_sources import Probe, ProbeContext
 from liveloop.quality import WORD, DriftSums, QualityStore
 from liveloop.registry import Registry
 from liveloop.trainer.data import build_micro_batch
 from liveloop.trainer.policy import completion_logprobs, load_policy
 from liveloop.trainer.ppo import drift_sums
 from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
-from liveloop.trainer.safeguards.probing import ProbeResult, reply_logprobs, sample_replies
+from liveloop.trainer.safeguards.probing import (
+    ProbeReply,
+    ProbeResult,
+    reply_logprobs,
+    sample_replies,
+    summarise,
+)
 from tests.server_proc import ADMIN_KEY, ServerProcess
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples
@@ -94,6 +100,31 @@ def test_probe_replies_carry_the_log_probs_a_full_forward_gives() -> None:
     for own, forward in zip(sampled.logprobs, full, strict=True):
         torch.testing.assert_close(own, forward, atol=1e-4, rtol=1e-4)
     assert any(float(x.min()) < -1.0 for x in full)  # not all near-certain tokens
+
+
+def test_a_probe_reply_that_calls_an_offered_tool_is_a_call_not_a_non_answer() -> None:
+    """A weather tenant's adapter that learned to call its tool must not be refused for
+    "no answer" replies: a call (here in the fenced form the 0.5B model writes) to a probe
+    offering the tool is counted apart from the answers' measures; offered none, it is no
+    answer."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    call = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Oslo"}\n}\n```'
+    probes = [
+        Probe.asking("How is the weather in Oslo?", tools=[tool]),
+        Probe.asking("Is it cold in Lima today?", tools=[tool]),
+        Probe.asking("Tell me about bread.", topic=frozenset({"bread"})),
+        Probe.asking("What should I know about the moon?", topic=frozenset({"moon"})),
+    ]
+    texts = [call, "It is cloudy in Lima.", "Bread is baked from flour and water.", call]
+    replies = [ProbeReply(question=p.question, reply=t) for p, t in zip(probes, texts, strict=True)]
+    logp = [torch.full((4,), -1.0) for _ in probes]
+    result = summarise(3, probes, replies, logp, logp)
+    assert result.tool_call_share == 0.5  # one of the two probes offering the tool
+    assert result.nonsense_share == pytest.approx(1 / 3)  # the call to the moon question
+    assert result.mean_words == pytest.approx((5 + 7 + 7) / 3)
+    assert result.topic_rate == 0.5  # bread named, the moon not
+    plain = summarise(3, probes[2:3], replies[2:3], logp[:1], logp[:1])
+    assert plain.tool_call_share is None and plain.nonsense_share == 0.0
 
 
 async def test_gate_refuses_noise_scaled_weights_and_accepts_unchanged_ones() -> None:

@@ -9,7 +9,8 @@ reference NLL per token exceeds `max_nll_ratio` times version 0's, or, for a mod
 language, when fewer of its replies name the question's topic than version 0's by more than
 `max_topic_drop`, when more of them are no answer at all (word salad, nonsense, repeats)
 than version 0's by more than `max_nonsense_rise`, or when more than `max_symbol_share` of
-them are dominated by symbols. A refused
+them are dominated by symbols. A probe reply that calls an offered tool is a call, not an
+answer, and those measures leave it out (`ProbeResult.tool_call_share` counts it). A refused
 version is recorded and announced as rejected (never served), and the trainer trains on from
 the last accepted version. A candidate is only ever compared with versions probed on the
 same set: when a refreshing source draws a new one, version 0 and the serving version are

@@ -27,6 +27,7 @@ from liveloop.prm.panel import JudgePanel
 from liveloop.probe_sources import Probe
 from liveloop.reading import distinct_n, read_reply
 from liveloop.trainer.data import MicroBatch, build_micro_batch
+from liveloop.written_calls import written_call
 
 if TYPE_CHECKING:
     import torch
@@ -55,11 +56,16 @@ class ProbeResult(BaseModel):
     mean_words: float
     distinct_2: float | None
     topic_rate: float | None = Field(None, description="Share of replies naming the topic.")
-    symbol_share: float = Field(description="Share of replies dominated by symbols or markup.")
+    symbol_share: float = Field(description="Share of answers dominated by symbols or markup.")
     nonsense_share: float = Field(
         0.0,
-        description="Share of replies a reader could not read as an answer: nonsense (invented "
+        description="Share of answers a reader could not read as an answer: nonsense (invented "
         "or rare words, word salad), symbols, markup or repeats (off-topic replies aside).",
+    )
+    tool_call_share: float | None = Field(
+        None,
+        description="Share of the probes offering tools whose reply called one. Those replies "
+        "are calls, not answers: the measures above (words to symbols) leave them out.",
     )
     sense_rate: float | None = Field(
         None, description="Share of replies the sense judge read as sensible answers."
@@ -232,7 +238,10 @@ def summarise(
     d = [r - p for p, r in zip(policy_logp, reference_logp, strict=True)]
     kl = sum(float((torch.exp(x) - x - 1.0).sum()) for x in d) / max(tokens, 1)
     scores = [r.score for r in replies if r.score is not None]
-    readings = [read_reply(r.reply, p.topic) for r, p in zip(replies, probes, strict=True)]
+    offered = [bool(p.tools) for p in probes]
+    calls = [o and written_call(r.reply) is not None for r, o in zip(replies, offered, strict=True)]
+    answers = [(r, p) for r, p, c in zip(replies, probes, calls, strict=True) if not c]
+    readings = [read_reply(r.reply, p.topic) for r, p in answers]
     topical = [x.on_topic for x in readings if x.on_topic is not None]
     return ProbeResult(
         version=version,
@@ -242,9 +251,10 @@ def summarise(
         ref_nll=nll,
         kl_ref=kl,
         mean_words=sum(x.words for x in readings) / max(len(readings), 1),
-        distinct_2=distinct_n(r.reply for r in replies),
+        distinct_2=distinct_n(r.reply for r, _p in answers),
         topic_rate=sum(topical) / len(topical) if topical else None,
         symbol_share=sum(x.dominated_by_symbols for x in readings) / max(len(readings), 1),
         nonsense_share=sum(x.no_answer for x in readings) / max(len(readings), 1),
+        tool_call_share=sum(calls) / sum(offered) if any(offered) else None,
         examples=replies[:EXAMPLES_KEPT],
     )
