@@ -132,6 +132,17 @@ def test_later_minibatches_are_anchored_to_the_proximal_policy() -> None:
     assert 0 < stats.clip_fraction < 1
 
 
+def test_an_adapter_of_one_tenant_takes_tenant_minibatches_steps_per_batch() -> None:
+    samples = make_samples(8, seed=2)
+    lora = {"enabled": True}
+    tenant = trainer_cfg(scope="tenant", lora=lora, minibatches=1, tenant_minibatches=3)
+    assert PPOUpdater(policy(), tenant).update(samples).optimizer_steps == 3
+    shared = trainer_cfg(scope="shared", lora=lora, minibatches=1, tenant_minibatches=3)
+    assert PPOUpdater(policy(), shared).update(samples).optimizer_steps == 1
+    unset = trainer_cfg(scope="tenant", lora=lora, minibatches=2)
+    assert PPOUpdater(policy(), unset).update(samples).optimizer_steps == 2
+
+
 def test_kl_to_the_frozen_reference_is_reported_and_grows() -> None:
     samples = make_samples(4, seed=3)
     pol = load_policy("tiny-random", "cpu", load_settings().trainer.lora, with_reference=True)

@@ -1,10 +1,10 @@
 """One policy update on one batch: proximal log-probs, decoupled PPO steps, statistics.
 
-A batch is split into `minibatches` (one optimizer step each); each minibatch is split
-across data-parallel ranks and packed into micro-batches, where an earlier turn of a
-session rides in the forward pass of a later one whose prompt begins with it
-(`share_prefixes`). Proximal log-probs are computed
-under the weights before the first step, without gradients. Each micro-batch's loss is its
+A batch is split into `minibatches` (`tenant_minibatches` in tenant scope), one optimizer
+step each; each minibatch is split across data-parallel ranks and packed into
+micro-batches, where an earlier turn of a session rides in the forward pass of a later one
+whose prompt begins with it (`share_prefixes`). Proximal log-probs are computed under the
+weights before the first step, without gradients. Each micro-batch's loss is its
 token sum divided by the *global* completion-token count of its minibatch, and gradients
 are summed over ranks, so the step equals the token-level mean over the whole minibatch no
 matter how it was divided.
@@ -290,7 +290,7 @@ class PPOUpdater:
             group["lr"] = self.cfg.lr * lr_scale
         start = time.perf_counter()
         self.policy.model.train()
-        minis = [m for m in balanced_split(samples, self.cfg.minibatches) if m]
+        minis = [m for m in balanced_split(samples, self.cfg.steps_per_batch) if m]
         mine = [s for m in minis for s in self._share(m)]  # this rank's share, all minibatches
         totals = _Totals()
         self.objective.tally.reset()

@@ -108,6 +108,17 @@ class TrainerConfig(Section):
             "once, before the first step, so clipping acts from the second step on."
         ),
     )
+    tenant_minibatches: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Optimizer steps per batch in tenant scope (unset: `minibatches`). With N tenants "
+            "sharing the trainer, each tenant's adapter gets about one batch in N, while a "
+            "shared policy takes a step for every batch of everyone's turns; N steps per "
+            "batch give an adapter as many steps per judged turn of its own tenant as the "
+            "shared policy takes per judged turn."
+        ),
+    )
     skip_flat_samples: bool = Field(
         False,
         description=(
@@ -177,6 +188,14 @@ class TrainerConfig(Section):
     def tenant_scope(self) -> bool:
         """True when each tenant's adapter learns from that tenant's turns alone."""
         return self.scope == "tenant"
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one batch makes: `tenant_minibatches` in tenant scope (if set),
+        else `minibatches`."""
+        if self.tenant_scope and self.tenant_minibatches is not None:
+            return self.tenant_minibatches
+        return self.minibatches
 
     @property
     def publishes_adapters(self) -> bool:
