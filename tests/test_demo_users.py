@@ -127,12 +127,31 @@ def test_weather_users_want_the_tool_and_a_true_short_answer() -> None:
     question = person.ask(rng)
     assert question.wants_tool and question.city in prefs.KNOWN_CITIES
     result = f"{question.city.title()}: {prefs.KNOWN_CITIES[question.city]}"
-    weather_word = letter_words(prefs.KNOWN_CITIES[question.city])[0]
-    answer = f"It is {weather_word} in {question.city.title()} today."
+    weather_word, degrees = prefs.KNOWN_CITIES[question.city].split(" C")[0].split(", ")
+    answer = f"It is {weather_word} in {question.city.title()} today, {degrees} C."
     assert person.react(question, answer, rng).reason == "no_tool"  # answered without the tool
     assert person.react(question, answer, rng, result).rating == 1.0
     wrong = "It is warm and pleasant there today."
     assert person.react(question, wrong, rng, result).reason == "wrong_weather"
+    # Half an answer (the weather without how warm) is lukewarm; another temperature is wrong.
+    half = person.react(question, f"It is {weather_word} today.", rng, result)
+    assert (half.reason, half.rating) == ("no_temperature", 0.0)
+    other = f"It is {weather_word} today, {int(degrees) + 5} C."
+    assert person.react(question, other, rng, result).reason == "wrong_weather"
+
+
+def test_a_temperature_is_read_with_its_sign_in_any_common_form() -> None:
+    oslo = prefs.KNOWN_CITIES["oslo"]  # snow, -3 C
+    said = [
+        "Snow, -3 C.",
+        "Snowing, minus 3 degrees.",
+        "3 degrees below zero.",
+        "snow, \u22123\u00b0C",
+    ]
+    assert [prefs.temperature_stated(r, oslo) for r in said] == [True] * 4
+    assert prefs.temperature_stated("Snow, 3 C.", oslo) is False  # the sign matters
+    assert prefs.temperature_stated("Snow today.", oslo) is None
+    assert prefs.temperature_stated("Cloudy and 17.", "cloudy, 17 C") is True
 
 
 def test_non_strict_users_judge_only_the_preference() -> None:

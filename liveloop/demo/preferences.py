@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,10 @@ NO_ANSWER_AFTER_RESULT = (
     "You have the tool's result, just tell me the weather in words.",
     "That's a tool call, not an answer. What does the result say?",
 )
+WANTS_TEMPERATURE = (
+    "And how warm is it there?", "OK, but what's the temperature?",
+    "You didn't answer my question: how many degrees is it?",
+)  # fmt: skip
 NEARLY_MARGIN = 4  # words over the limit that still get a lukewarm rather than a negative reply
 
 
@@ -235,7 +240,9 @@ class OneSentence(WordLimit):
 
 @dataclass
 class WeatherAsker(WordLimit):
-    """Asks about the weather and wants the weather tool used, then a short true answer."""
+    """Asks about the weather and wants the weather tool used, then a short true answer that
+    answers the question: the result's weather and its temperature ("snow" alone is half an
+    answer, lukewarm; a temperature other than the result's is wrong)."""
 
     name: str = "weather_tool"
 
@@ -259,7 +266,28 @@ class WeatherAsker(WordLimit):
         reaction = super().react(weather, reply, rng)
         if reaction.reason == "off_topic":
             return Reaction(say(rng, WRONG_WEATHER), -1.0, "wrong_weather")
+        if reaction.reason in COMPLAINTS:  # no answer at all: that comes first
+            return reaction
+        stated = temperature_stated(reply, KNOWN_CITIES[question.city])
+        if stated is False:
+            return Reaction(say(rng, WRONG_WEATHER), -1.0, "wrong_weather")
+        if stated is None and reaction.rating >= 0:
+            return Reaction(say(rng, WANTS_TEMPERATURE), 0.0, "no_temperature")
         return reaction
+
+
+NUMBER = re.compile(r"(?<![\w.])(minus\s+|[-\u2212]\s?)?(\d+)(?!\d)", re.I)
+
+
+def temperature_stated(reply: str, result: str) -> bool | None:
+    """Whether the reply states the result's temperature ("-3", "minus 3", "3 degrees below
+    zero" for -3 C): True, False when it states only other numbers, None when no number."""
+    expected = int(re.findall(r"-?\d+", result)[-1])
+    numbers = [(-1 if sign else 1) * int(n) for sign, n in NUMBER.findall(reply)]
+    if not numbers:
+        return None
+    below = expected < 0 and re.search(r"\bbelow\b", reply, re.I) is not None
+    return expected in numbers or (below and -expected in numbers)
 
 
 def make_population(

@@ -314,6 +314,7 @@ REACTIONS = {  # a user's reason (`Reaction.reason`) as the report names it, in 
     "pleased": "pleased", "nearly": "a little too long (lukewarm)", "too_long": "too long",
     "opening": "wanted the topic named first", "one_sentence": "wanted one sentence",
     "no_tool": "wanted the weather tool used", "wrong_weather": "contradicted the tool's result",
+    "no_temperature": "left out the temperature",
     "written_call": "wrote a call as text after the result",
     "off_topic": "off topic", "thin": "said nothing about the topic", "nonsense": "nonsense",
     "foreign": "another script",
