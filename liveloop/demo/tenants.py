@@ -27,7 +27,14 @@ from liveloop.config import LiveLoopSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.contracts import TrainingBatch
 from liveloop.demo.driving import drive
-from liveloop.demo.heldout import DemoError, evaluate_people, load_version, wait_ready
+from liveloop.demo.heldout import (
+    EVAL_TURNS_PER_USER,
+    EVAL_USERS,
+    DemoError,
+    evaluate_people,
+    load_version,
+    wait_ready,
+)
 from liveloop.demo.measures import user_reactions
 from liveloop.demo.report import JudgedTurn, headline, read_judged, summarise
 from liveloop.demo.styles import Tenant, house_style, make_tenants
@@ -39,8 +46,11 @@ from liveloop.tenants import tenant_id
 log = logging.getLogger(__name__)
 
 SAME_QUESTIONS = ("Tell me about bread.", "What should I know about the moon?")
-HELD_OUT_USERS = 4  # per tenant and version
-HELD_OUT_TURNS = 3  # answers each of them rates
+# Held-out users per tenant and version, and the answers each rates: as many answers (24) as
+# the one-tenant demo's, so that one reply moves a quality share by less than the checks'
+# slack (with 12, a single reply off topic failed the topic check).
+HELD_OUT_USERS = EVAL_USERS
+HELD_OUT_TURNS = EVAL_TURNS_PER_USER
 
 
 def run_tenant_demo(
