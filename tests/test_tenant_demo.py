@@ -115,6 +115,10 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
     rows = matrix(tenants, [tenant, shared])
     assert rows[0]["gain_difference"] == pytest.approx(0.5)
     assert rows[1]["gain_difference"] == pytest.approx(0.6)
+    tenant.tenants[labels[0]]["held_out_reward"] = {"base": -0.9, "final": 0.0}
+    rows = matrix(tenants, [tenant, shared])
+    assert rows[0]["held_out_gain_difference"] == pytest.approx(0.9 - 0.4)
+    assert rows[0]["gain_difference"] == pytest.approx(0.5)  # the live windows' alone
     assert headline(rows, [tenant, shared])["tenant_scope_beats_shared"] is True
     shared.tenants[labels[1]] = _figures(-0.5, 0.0)  # explained gains nearly as much shared
     assert (
@@ -128,6 +132,11 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
     paths = write_tenant_report(tmp_path, settings, tenants, [tenant, shared])
     markdown = paths["md"].read_text()
     assert "| tenant 1 (brief) | -0.80 -> +0.10" in markdown
+    assert (
+        "| tenant 1 (brief) | -0.90 -> +0.00 (gain +0.90) | -0.80 -> -0.40 (gain +0.40) | +0.50 |"
+        in markdown
+    )
+    assert "Held-out users' gain differences" in markdown
     assert "lost: topic_rate" in markdown
     assert json.loads(paths["json"].read_text())["matrix"][0]["style"] == "brief"
 

@@ -44,11 +44,21 @@ def matrix(tenants: list[Tenant], runs: list[ScopeRun]) -> list[dict[str, Any]]:
         for run in runs:
             row[run.scope] = run.tenants[tenant.label]
         gains = [row.get(s, {}).get("gain") for s in ("tenant", "shared")]
-        row["gain_difference"] = (
-            gains[0] - gains[1] if gains[0] is not None and gains[1] is not None else None
-        )
+        row["gain_difference"] = _difference(gains[0], gains[1])
+        held = [_held_out_gain(row.get(s)) for s in ("tenant", "shared")]
+        row["held_out_gain_difference"] = _difference(held[0], held[1])
         rows.append(row)
     return rows
+
+
+def _difference(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
+
+
+def _held_out_gain(figures: dict[str, Any] | None) -> float | None:
+    """The tenant's held-out users' reward, what it is served at the end minus the base."""
+    held = (figures or {}).get("held_out_reward") or {}
+    return _difference(held.get("final"), held.get("base"))
 
 
 def headline(rows: list[dict[str, Any]], runs: list[ScopeRun]) -> dict[str, Any]:
@@ -66,6 +76,11 @@ def headline(rows: list[dict[str, Any]], runs: list[ScopeRun]) -> dict[str, Any]
     )
     return {
         "gain_difference": differences,
+        # The same held-out users and questions before and after, beside the live windows
+        # (whose turns come from every version served in the run).
+        "held_out_gain_difference": {
+            r["label"]: r["held_out_gain_difference"] for r in conflicting
+        },
         "quality_kept": kept,
         "isolation_passed": isolated,
         "tenant_scope_beats_shared": beats and kept and isolated,
@@ -113,15 +128,18 @@ def render(report: dict[str, Any]) -> str:
         "",
         "## Judged reward per tenant, first -> last window",
         "",
-        *_table(report["matrix"], scopes, _cell, gain_difference=True),
+        *_table(report["matrix"], scopes, _cell, "gain_difference"),
         "",
         f"Tenant scope beats shared scope by more than {top['margin']} for the conflicting "
         f"tenants, quality kept, isolation passed: **{top['tenant_scope_beats_shared']}** "
-        f"(quality kept: {top['quality_kept']}; isolation passed: {top['isolation_passed']}).",
+        f"(quality kept: {top['quality_kept']}; isolation passed: {top['isolation_passed']}). "
+        "Held-out users' gain differences, the same users and questions before and after: "
+        + ", ".join(f"{k} {_fmt(v)}" for k, v in top["held_out_gain_difference"].items())
+        + ".",
         "",
         "## Held-out users of each tenant: base -> what the tenant is served at the end",
         "",
-        *_table(report["matrix"], scopes, _held_out),
+        *_table(report["matrix"], scopes, _held_out, "held_out_gain_difference"),
     ]
     lines += ["", "## Why each tenant's users were (dis)pleased, first -> last window", ""]
     for row in report["matrix"]:
@@ -144,16 +162,16 @@ def _table(
     rows: list[dict[str, Any]],
     scopes: list[str],
     cell: Callable[[dict[str, Any]], str],
-    gain_difference: bool = False,
+    difference: str,
 ) -> list[str]:
-    """A markdown table: a row per tenant, a column per scope (and the gain difference)."""
-    extra = " gain difference |" if gain_difference else ""
+    """A markdown table: a row per tenant, a column per scope, and the gains' difference
+    (`difference`: the row's key of it)."""
     lines = [
-        "| tenant | " + " | ".join(f"{s} scope" for s in scopes) + " |" + extra,
-        "|---" * (len(scopes) + 1 + gain_difference) + "|",
+        "| tenant | " + " | ".join(f"{s} scope" for s in scopes) + " | gain difference |",
+        "|---" * (len(scopes) + 2) + "|",
     ]
     for row in rows:
-        last = f" {_fmt(row['gain_difference'])} |" if gain_difference else ""
+        last = f" {_fmt(row.get(difference))} |"
         lines.append(
             f"| {row['label']} | " + " | ".join(cell(row[s]) for s in scopes) + " |" + last
         )
@@ -186,7 +204,7 @@ def _cell(figures: dict[str, Any]) -> str:
 
 def _held_out(figures: dict[str, Any]) -> str:
     held = figures["held_out_reward"]
-    return f"{_fmt(held['base'])} -> {_fmt(held['final'])}"
+    return f"{_fmt(held['base'])} -> {_fmt(held['final'])} (gain {_fmt(_held_out_gain(figures))})"
 
 
 def _reasons(figures: dict[str, Any]) -> str:
