@@ -139,9 +139,12 @@ def new_session_id() -> str:
 class SessionStore:
     """Session resolution and turn bookkeeping in Redis, degrading gracefully without it."""
 
-    def __init__(self, client: aredis.Redis, ttl_s: int) -> None:
+    def __init__(
+        self, client: aredis.Redis, ttl_s: int, timeout_s: float = REDIS_TIMEOUT_S
+    ) -> None:
         self.client = client
         self.ttl_s = ttl_s
+        self.timeout_s = timeout_s  # a call slower than this degrades (serving never waits)
         self._script = client.register_script(_ALLOCATE)
         self._down_until = 0.0
         self._local_turns: OrderedDict[str, int] = OrderedDict()
@@ -180,7 +183,7 @@ class SessionStore:
         ]
         keys = [prefix_index_key(tenant, digests[i]) for i in replies]
         try:
-            values = await asyncio.wait_for(self.client.mget(keys), REDIS_TIMEOUT_S)
+            values = await asyncio.wait_for(self.client.mget(keys), self.timeout_s)
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self._failed("lookup", exc)
             return None
@@ -200,7 +203,7 @@ class SessionStore:
         args: list[str | int] = [tenant, self.ttl_s, f"{time.time():.3f}", floor]
         call = self._script(keys=[session_key(sid)], args=args)
         try:
-            index = int(await asyncio.wait_for(call, REDIS_TIMEOUT_S))
+            index = int(await asyncio.wait_for(call, self.timeout_s))
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self._failed("allocate", exc)
             return self._local_turn(sid)
@@ -235,7 +238,7 @@ class SessionStore:
                     )
                     key = prefix_index_key(tenant, digest)
                     pipe.set(key, f"{session_id}\n{value}", ex=self.ttl_s)
-                await asyncio.wait_for(pipe.execute(), REDIS_TIMEOUT_S)
+                await asyncio.wait_for(pipe.execute(), self.timeout_s)
         except (redis.RedisError, OSError, TimeoutError) as exc:
             self._failed("remember", exc)
 

@@ -194,7 +194,9 @@ def test_session_lookup_finds_exactly_the_served_prefix(
 
     async def check() -> None:
         client = aredis.from_url(redis_url, decode_responses=True)
-        store = SessionStore(client, ttl_s=60)
+        # The matching is under test, not the latency: a loaded test machine may take longer
+        # than serving's 0.5 s to connect, and the store would (rightly) degrade.
+        store = SessionStore(client, ttl_s=60, timeout_s=30.0)
         try:
             served = ServedSample(0, answer, [1, 2], [3, 4])
             await store.remember(tenant, sid, 4, history, [served])
