@@ -11,10 +11,10 @@ There is one baseline per judge (or one that all judges share, `baseline_per_jud
 for judges that score the same outcome on one scale, such as explicit feedback at the end of
 a session and the rules judge's reading of the user's replies before it) and, with
 `baseline_scope = "task"`, one per judge and *task*: turns whose requests share a system
-prompt and a set of offered tools (`task_key`). Tasks differ in how often they please: a task the policy never gets right (a
-tool it does not call yet) scored against the judge-wide mean pushes down every reply it
-gives, round after round, and with it whatever those replies share with the good replies
-of other tasks (their length, their opening). Against its own baseline a task that always
+prompt and a set of offered tools (`task_key`). Tasks differ in how often they please: a
+task the policy never gets right (a tool it does not call yet) scored against the
+judge-wide mean pushes down every reply it gives, round after round, and with it whatever
+those replies share with the good replies of other tasks (their length, their opening). Against its own baseline a task that always
 fails teaches nothing, and its first success stands out. A task with fewer than
 `min_task_turns` scores uses the judge's baseline. The baselines are state that must
 survive a restart (a collector starting from zero would measure the next scores against
