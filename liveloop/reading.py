@@ -59,7 +59,16 @@ META_WORDS_TEXT = """
     word words sentence sentences answer answers reply replies question questions short
     shorter shortest brief briefly limit sure okay ok thanks thank please hello hi certainly
     well oh yeah fine great here's that's"""
+# Words that frame a request rather than name what it is about ("Tell me about bees.").
+REQUEST_WORDS_TEXT = """
+    tell explain describe give show say talk write list define summarise summarize know
+    knowing need want wish think help let get make find mean means fact facts info
+    information detail details thing things something anything everything kind people
+    person keep try again now right today what's how's who's where's why's i'm you're
+    interesting good best"""
 FUNCTION_WORDS = frozenset(FUNCTION_WORDS_TEXT.split())
+REQUEST_WORDS = frozenset(REQUEST_WORDS_TEXT.split())
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 META_WORDS = frozenset(META_WORDS_TEXT.split())
 
 
@@ -234,6 +243,38 @@ def content_words(words: list[str]) -> set[str]:
     answer itself ("words", "sentence", "sure")."""
     lowered = {w.lower().replace("’", "'") for w in words}
     return {w for w in lowered if w not in FUNCTION_WORDS and w not in META_WORDS}
+
+
+def word_forms(word: str) -> set[str]:
+    """`word` (lower case) with its plural or singular and possessive ("bee": "bees",
+    "bee's"; "glaciers": "glacier"; "berry": "berries"), for matching a reply's words."""
+    w = word.lower()
+    forms = {w}
+    if w.endswith("ies") and len(w) > 4:
+        forms.add(w[:-3] + "y")
+    elif w.endswith(("ches", "shes", "xes", "sses", "oes")):
+        forms.add(w[:-2])
+    elif w.endswith("s") and not w.endswith("ss"):
+        forms.add(w[:-1])
+    elif w.endswith("y") and len(w) > 2 and w[-2] not in "aeiou":
+        forms.add(w[:-1] + "ies")
+    elif w.endswith(("ch", "sh", "x", "ss", "o")):
+        forms.add(w + "es")
+    else:
+        forms.add(w + "s")
+    return forms | {f + "'s" for f in forms if not f.endswith("s")}
+
+
+def question_topic(text: str | None) -> frozenset[str] | None:
+    """What a request is about, as word forms a reply on topic would use: the content words
+    of its last sentence that has any, request framing ("tell me", "explain") and the
+    function words aside. "That's too long. Tell me about glaciers." is about glaciers.
+    None when no sentence names anything ("Why?")."""
+    for sentence in reversed(SENTENCE_BREAK.split(text or "")):
+        named = content_words(letter_words(sentence)) - REQUEST_WORDS
+        if named:
+            return frozenset(form for w in named for form in word_forms(w))
+    return None
 
 
 def says_too_little(

@@ -9,14 +9,17 @@ from pathlib import Path
 import openai
 import pytest
 import redis.asyncio as aredis
+import torch
 
 from liveloop.config import ConfigError, SharedSettings, load_settings
 from liveloop.config.gate import GateSettings
 from liveloop.demo.gate_probes import HeldOutUsers
 from liveloop.probe_sources import Probe, ProbeContext
+from liveloop.reading import question_topic
 from liveloop.server.api.auth import tenant_id
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
+from liveloop.trainer.safeguards.probing import ProbeReply, summarise
 from liveloop.trainer.safeguards.sources import (
     OperatorPrompts,
     ServedPrompts,
@@ -24,7 +27,7 @@ from liveloop.trainer.safeguards.sources import (
 )
 from tests.conftest import wait_for
 from tests.server_proc import API_KEYS, ServerProcess
-from tests.synthetic import make_turn, user, write_turns
+from tests.synthetic import conversation, make_turn, user, write_turns
 from tests.test_collector_support import settings_for, trainer_of
 
 pytest_plugins = ["tests.server_fixtures"]
@@ -117,3 +120,55 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
     assert len(gate.probes) == 5 and gate.drawn_at == 2
     assert gate.version0.probes == 5 and gate.serving is not None and gate.serving.version == 2
     assert gate.decide(await gate.probe(policy, 3)).probe.probes == 5
+
+
+def test_a_question_names_its_topic_in_its_last_sentence_that_names_anything() -> None:
+    assert question_topic("Tell me about glaciers.") == {"glacier", "glaciers", "glacier's"}
+    assert question_topic("That's too long. Why do people like the moon?") == {
+        "moon", "moons", "moon's"}  # fmt: skip
+    assert question_topic("Tell me about bees. Keep it short.") == {"bee", "bee's", "bees"}
+    assert question_topic("Describe berries.") == {"berries", "berry", "berry's"}
+    assert question_topic("Is it cold in Oslo?") == {
+        "cold", "colds", "cold's", "oslo", "osloes", "oslo's"}  # fmt: skip
+    assert question_topic("Why?") is None and question_topic("Hi, please.") is None
+    assert question_topic("") is None and question_topic(None) is None
+
+
+async def test_served_and_operator_probes_carry_their_topic_so_the_gate_reads_it(
+    aredis_client: aredis.Redis,
+) -> None:
+    """A tenant's served probe knows what its question is about (the user's reaction to the
+    last reply aside), so the gate's topic rate applies to it: a reply that stops naming the
+    topic lowers the rate, in whichever form it names it."""
+    turns = conversation(
+        "s1",
+        [user("Tell me about bread."), user("That's too long. Explain glaciers to me.")],
+        ["Bread is baked from flour, water and yeast in many shapes.", "Ice."],
+    )
+    await write_turns(aredis_client, turns)
+    gate = GateSettings(served_probes=100)
+    served = await ServedPrompts(
+        ProbeContext(gate, SharedSettings(model="tiny-random"), aredis_client)
+    ).draw()
+    topics = {p.question: p.topic for p in served}
+    assert topics == {
+        "Tell me about bread.": {"bread", "breads", "bread's"},
+        "That's too long. Explain glaciers to me.": {"glacier", "glaciers", "glacier's"},
+    }
+    prompts = GateSettings(prompts=["Describe bicycles.", "Hi?"])
+    operator = await OperatorPrompts(
+        ProbeContext(prompts, SharedSettings(model="tiny-random"), None)
+    ).draw()
+    assert [p.topic for p in operator] == [{"bicycle", "bicycles", "bicycle's"}, None]
+
+    probes = sorted(served, key=lambda p: p.question)
+    on_topic = ["Bread is baked from flour.", "Glaciers are rivers of ice that move."]
+    drifted = ["Flour and water, baked in an oven.", "A glacier is slow ice."]
+    logp = [torch.full((4,), -1.0) for _ in probes]
+    rates = []
+    for texts in (on_topic, drifted):
+        replies = [
+            ProbeReply(question=p.question, reply=t) for p, t in zip(probes, texts, strict=True)
+        ]
+        rates.append(summarise(1, probes, replies, logp, logp).topic_rate)
+    assert rates == [1.0, 0.5]

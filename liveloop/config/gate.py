@@ -75,8 +75,8 @@ class GateSettings(Section):
         gt=0,
         le=1,
         description="Refuse a version whose share of probe replies naming the question's topic "
-        "is below version 0's by more than this (simulated-user probes on a model with language "
-        "only); unset = no bound.",
+        "is below version 0's by more than this (on a model with language; a probe's topic is "
+        "what its question names, or what a probe source plugin says); unset = no bound.",
     )
     max_symbol_share: float | None = Field(
         0.1,

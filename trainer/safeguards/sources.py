@@ -11,13 +11,15 @@ Built in, by `trainer.gate.probe_source`:
   they were served (side turns are never drawn, opted-out requests were never recorded,
   and with `tenant` set, no other tenant's turn);
 - `auto` (the default): `prompts` when there are any, else `served`.
-Any other name is looked up in the `liveloop.probe_sources` entry-point group (the demo
+Both give each probe the topic its last user message names
+(`liveloop.reading.question_topic`), so the gate's topic rate applies to them. Any other name is looked up in the `liveloop.probe_sources` entry-point group (the demo
 registers `demo`, its held-out simulated users, there) and checked when the trainer starts.
 The contract (`Probe`, `ProbeSource`, `ProbeContext`) is `liveloop.probe_sources`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from importlib.metadata import entry_points
@@ -27,6 +29,7 @@ from liveloop.config import ConfigError
 from liveloop.config.gate import GateSettings
 from liveloop.contracts import TurnRecord
 from liveloop.probe_sources import Probe, ProbeSource
+from liveloop.reading import question_topic
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +42,10 @@ class OperatorPrompts(ProbeSource):
     name = "prompts"
 
     async def draw(self) -> list[Probe]:
-        """The configured prompts, as they are."""
-        return [Probe.asking(text) for text in self.context.gate.prompts]
+        """The configured prompts, as they are, each with the topic it names."""
+        return [
+            Probe.asking(text, topic=question_topic(text)) for text in self.context.gate.prompts
+        ]
 
 
 class ServedPrompts(ProbeSource):
@@ -61,7 +66,7 @@ class ServedPrompts(ProbeSource):
             if not self._eligible(turn):
                 continue
             key = repr((turn.messages, turn.tools))
-            seen.setdefault(key, Probe(list(turn.messages), turn.tools))
+            seen.setdefault(key, served_probe(turn))
         candidates = list(seen.values())
         count = min(gate.served_probes, len(candidates))
         drawn = random.Random(gate.seed).sample(candidates, count)
@@ -71,6 +76,12 @@ class ServedPrompts(ProbeSource):
     def _eligible(self, turn: TurnRecord) -> bool:
         tenant = self.context.tenant
         return turn.turn_type == "main" and (tenant is None or turn.tenant == tenant)
+
+
+def served_probe(turn: TurnRecord) -> Probe:
+    """A served turn's request as a probe, with the topic its last user message names."""
+    probe = Probe(list(turn.messages), turn.tools)
+    return dataclasses.replace(probe, topic=question_topic(probe.question))
 
 
 BUILTIN: dict[str, type[ProbeSource]] = {"prompts": OperatorPrompts, "served": ServedPrompts}
