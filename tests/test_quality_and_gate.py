@@ -187,6 +187,24 @@ def test_gate_stops_a_slow_slide_and_replies_that_lose_the_topic() -> None:
     assert noise.decide(_probe(5, -0.2, 0.0, symbols=1.0, nonsense=1.0)).accepted
 
 
+def test_a_fall_of_exactly_the_bound_is_within_it() -> None:
+    """One reply in ten against 10-point bounds: 80% -> 70% on topic (0.8 - 0.7 is a hair
+    over 0.1 in floating point) and 30% -> 40% no answers are allowed; one more is not."""
+    settings = load_settings(
+        model="smollm2-135m",
+        trainer={"gate": {"max_topic_drop": 0.1, "max_nonsense_rise": 0.1, "reward_margin": 0.1}},
+    )
+    gate = gate_of(settings)
+    gate.version0, gate.serving = (
+        _probe(0, 0.8, 0.8, nonsense=0.3),
+        _probe(0, 0.8, 0.8, nonsense=0.3),
+    )
+    assert gate.decide(_probe(1, 0.7, 0.7, nonsense=0.4)).accepted
+    for worse in (_probe(1, 0.6, 0.7, nonsense=0.4), _probe(1, 0.7, 0.6, nonsense=0.4),
+                  _probe(1, 0.7, 0.7, nonsense=0.5)):  # fmt: skip
+        assert not gate.decide(worse).accepted
+
+
 def _weights(url: str) -> dict[str, Any]:
     resp = httpx.get(url + "/admin/weights", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert resp.status_code == 200, resp.text

@@ -52,6 +52,7 @@ from liveloop.trainer.safeguards.probing import (
 log = logging.getLogger(__name__)
 
 KEPT_RESULTS = 16  # probe results of recent live versions, for a rollback to compare with
+FLOAT_SLACK = 1e-9  # shares of a few probes are fractions: compare bounds with this slack
 
 
 class GateVerdict(BaseModel):
@@ -211,7 +212,7 @@ class PromotionGate:
         return [
             f"probe reward {new:+.3f} is below {name} {base:+.3f} by more than {margin:g}"
             for name, base in bases
-            if base is not None and new is not None and new < base - margin
+            if base is not None and new is not None and _by_more_than(base, new, margin)
         ]
 
     def _drift_reasons(self, candidate: ProbeResult, version0: ProbeResult) -> list[str]:
@@ -226,7 +227,12 @@ class PromotionGate:
                 f"{version0.ref_nll:.3f}"
             )
         drop, before, now = self.cfg.max_sense_drop, version0.sense_rate, candidate.sense_rate
-        if drop is not None and before is not None and now is not None and now < before - drop:
+        if (
+            drop is not None
+            and before is not None
+            and now is not None
+            and _by_more_than(before, now, drop)
+        ):
             reasons.append(
                 f"the sense judge read {now:.0%} of replies as sensible answers, below version "
                 f"0's {before:.0%} by more than {drop:.0%}"
@@ -234,7 +240,12 @@ class PromotionGate:
         if not self.has_language:
             return reasons
         drop, before, now = self.cfg.max_topic_drop, version0.topic_rate, candidate.topic_rate
-        if drop is not None and before is not None and now is not None and now < before - drop:
+        if (
+            drop is not None
+            and before is not None
+            and now is not None
+            and _by_more_than(before, now, drop)
+        ):
             reasons.append(
                 f"topic rate {now:.0%} is below version 0's {before:.0%} by more than {drop:.0%}"
             )
@@ -244,7 +255,7 @@ class PromotionGate:
                 f"{candidate.symbol_share:.0%} of replies dominated by symbols > {symbols:.0%}"
             )
         rise, before = self.cfg.max_nonsense_rise, version0.nonsense_share
-        if rise is not None and candidate.nonsense_share > before + rise:
+        if rise is not None and _by_more_than(candidate.nonsense_share, before, rise):
             reasons.append(
                 f"{candidate.nonsense_share:.0%} of replies are no answer (nonsense, word salad, "
                 f"repeats), above version 0's {before:.0%} by more than {rise:.0%}"
@@ -262,6 +273,12 @@ class PromotionGate:
         """An earlier version's weights are live again (a rollback): compare with its probes."""
         assert self.version0 is not None
         self.serving = self._live.get(version, self.version0)
+
+
+def _by_more_than(high: float, low: float, bound: float) -> bool:
+    """Whether `high` exceeds `low` by more than `bound`; by exactly the bound (one reply in
+    ten against a 10-point bound: 0.8 - 0.7 is 0.10000000000000009) it does not."""
+    return high - low > bound + FLOAT_SLACK
 
 
 def _fmt(value: float | None) -> str:
