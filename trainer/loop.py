@@ -387,7 +387,7 @@ class Trainer:
         await asyncio.to_thread(release_freed_memory)  # the merged copy, activations, logits
         self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
-        log.info("v%d %s: %s", state.version, state.status, stats.describe())
+        log.info("v%d%s %s: %s", state.version, self.guards.whose, state.status, stats.describe())
 
     async def _prune(self, decision: Decision, publisher: Publisher) -> None:
         """Delete the checkpoints the decision does not protect, and their registry rows
@@ -419,7 +419,9 @@ class Trainer:
         the registry with their reasons, the safeguards told, the next update slowed."""
         rollback = decision.rollback
         assert rollback is not None
-        log.warning("rolling back to v%d: %s", rollback.target, rollback.reason)
+        log.warning(
+            "rolling back%s to v%d: %s", self.guards.whose, rollback.target, rollback.reason
+        )
         await self._revert(decision.resume_from, self.state.applied_batches)
         state = TrainerState(
             version=self.next_version,

@@ -64,6 +64,11 @@ class Safeguards:
         self._next_watch = 0.0  # monotonic time of the watch's next look at served counters
 
     @property
+    def whose(self) -> str:
+        """Whose versions these are, for log lines: "of tenant <id>" in tenant scope."""
+        return f" of tenant {self.tenant}" if self.tenant else ""
+
+    @property
     def gated(self) -> bool:
         """True when new versions pass the promotion gate before they are announced."""
         return self.cfg.gate.enabled
@@ -136,7 +141,7 @@ class Safeguards:
             return self._serve(version, verdict.reason, probe)
         self.rejected += 1
         self.refusals_in_row += 1
-        log.warning("v%d refused by the promotion gate: %s", version, verdict.reason)
+        log.warning("v%d%s refused by the promotion gate: %s", version, self.whose, verdict.reason)
         resume = version if self.cfg.gate.on_reject == "continue" else serving_version
         return Decision(Verdict.REFUSE, version, resume, self.lr_scale(),
                         self.protect(resume), verdict.reason, probe)  # fmt: skip
