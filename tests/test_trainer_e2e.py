@@ -16,6 +16,7 @@ import redis.asyncio as aredis
 from liveloop import bus
 from liveloop.contracts import WeightsAnnouncement
 from liveloop.valkey import free_port
+from tests.conftest import wait_for
 from tests.test_collector_support import publish_turns, scored_turn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +79,12 @@ async def test_new_version_within_60s_of_64_judged_turns(
                 announced = bus.decode(entries[0][1], WeightsAnnouncement)
             await asyncio.sleep(0.2)
         elapsed = time.monotonic() - start
+        if announced is not None:  # the gauges are set a moment after the announcement
+
+            def trainer_version() -> float:
+                return value(scrape(ports["train"]), "liveloop_trainer_version")
+
+            await wait_for(lambda: trainer_version() >= 1, 15, 0.1, "the version gauge")
         scraped = {cmd: scrape(port) for cmd, port in ports.items()}
     finally:
         results = [stop(p) for p in procs]
