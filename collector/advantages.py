@@ -14,8 +14,9 @@ a session and the rules judge's reading of the user's replies before it) and, wi
 prompt and a set of offered tools (`task_key`). Tasks differ in how often they please: a
 task the policy never gets right (a tool it does not call yet) scored against the
 judge-wide mean pushes down every reply it gives, round after round, and with it whatever
-those replies share with the good replies of other tasks (their length, their opening). Against its own baseline a task that always
-fails teaches nothing, and its first success stands out. A task with fewer than
+those replies share with the good replies of other tasks (their length, their opening).
+Against its own baseline a task that always fails teaches nothing, and its first success
+stands out. A task with fewer than
 `min_task_turns` scores uses the judge's baseline. The baselines are state that must
 survive a restart (a collector starting from zero would measure the next scores against
 nothing): `Baselines.dump`/`load` give them a JSON form the loop keeps in Redis.

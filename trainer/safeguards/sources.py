@@ -12,7 +12,8 @@ Built in, by `trainer.gate.probe_source`:
   and with `tenant` set, no other tenant's turn);
 - `auto` (the default): `prompts` when there are any, else `served`.
 Both give each probe the topic its last user message names
-(`liveloop.reading.question_topic`), so the gate's topic rate applies to them. Any other name is looked up in the `liveloop.probe_sources` entry-point group (the demo
+(`liveloop.reading.question_topic`), so the gate's topic rate applies to them.
+Any other name is looked up in the `liveloop.probe_sources` entry-point group (the demo
 registers `demo`, its held-out simulated users, there) and checked when the trainer starts.
 The contract (`Probe`, `ProbeSource`, `ProbeContext`) is `liveloop.probe_sources`.
 """
@@ -66,7 +67,8 @@ class ServedPrompts(ProbeSource):
             if not self._eligible(turn):
                 continue
             key = repr((turn.messages, turn.tools))
-            seen.setdefault(key, served_probe(turn))
+            if key not in seen:  # the newest of repeated requests; its topic read once
+                seen[key] = served_probe(turn)
         candidates = list(seen.values())
         count = min(gate.served_probes, len(candidates))
         drawn = random.Random(gate.seed).sample(candidates, count)
