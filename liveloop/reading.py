@@ -247,18 +247,24 @@ def content_words(words: list[str]) -> set[str]:
 
 def word_forms(word: str) -> set[str]:
     """`word` (lower case) with its plural or singular and possessive ("bee": "bees",
-    "bee's"; "glaciers": "glacier"; "berry": "berries"), for matching a reply's words."""
+    "bee's"; "glaciers": "glacier"; "berry": "berries"), for matching a reply's words. Where
+    spelling alone cannot tell, both candidates are kept ("shoes": "shoe" and "sho";
+    "potato": "potatoes" and "potatos"): a form no reply uses matches nothing."""
     w = word.lower()
     forms = {w}
     if w.endswith("ies") and len(w) > 4:
         forms.add(w[:-3] + "y")
-    elif w.endswith(("ches", "shes", "xes", "sses", "oes")):
+    elif w.endswith(("ches", "shes", "xes", "oes")):
+        forms |= {w[:-2], w[:-1]}
+    elif w.endswith("sses"):
         forms.add(w[:-2])
     elif w.endswith("s") and not w.endswith("ss"):
         forms.add(w[:-1])
     elif w.endswith("y") and len(w) > 2 and w[-2] not in "aeiou":
         forms.add(w[:-1] + "ies")
-    elif w.endswith(("ch", "sh", "x", "ss", "o")):
+    elif w.endswith("o"):
+        forms |= {w + "es", w + "s"}
+    elif w.endswith(("ch", "sh", "x", "ss")):
         forms.add(w + "es")
     else:
         forms.add(w + "s")

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from liveloop.config import load_settings
-from liveloop.demo.curves import moving_mean, turns_to_threshold, window_means
+from liveloop.demo.curves import (
+    gain_standard_error,
+    moving_mean,
+    turns_to_threshold,
+    window_means,
+)
 from liveloop.demo.measures import tool_use_by_version, user_reactions
 from liveloop.demo.report import (
     JudgedTurn,
@@ -31,6 +36,10 @@ def test_curves_by_hand() -> None:
     assert turns_to_threshold(scores, 1.0, 3) == 6
     assert turns_to_threshold(scores, -1.0, 3) == 3  # only full windows count
     assert turns_to_threshold(scores, 1.5, 2) is None
+    # Variances 2 (of -1, 1) and 1 (of 1, 1, 1, -1): 2 / 2 + 1 / 4.
+    assert gain_standard_error([-1.0, 1.0], [1.0, 1.0, 1.0, -1.0]) == pytest.approx(1.25**0.5)
+    assert gain_standard_error([1.0, 1.0], [0.0, 0.0, 0.0]) == 0.0
+    assert gain_standard_error([1.0], [0.0, 1.0]) is None  # one score has no spread to measure
 
 
 def turns(scores: list[float], hinted_every: int = 3) -> list[JudgedTurn]:
@@ -137,6 +146,7 @@ def test_report_says_why_users_were_unhappy_early_and_late(tmp_path: Path) -> No
     assert (said["weather_questions"], said["questions_called"]) == (3, 2)  # one never answered
     assert user_reactions(answers[:3], window=8, asks=[])["window"] == 1  # at most half
     summary = summarise(turns([-1.0] * 10 + [1.0] * 10), 8)
+    assert (summary["improvement"], summary["improvement_se"]) == (2.0, 0.0)  # no spread
     summary.update(objective="rl", training=training_figures([]), reactions=said)
     markdown = write_report(tmp_path, summary, turns([0.0] * 20))["md"].read_text()
     assert "## What the users said" in markdown

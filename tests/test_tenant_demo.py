@@ -93,10 +93,10 @@ async def test_isolation_checks_find_a_foreign_adapter_and_a_mixed_batch(
     assert shared["passed"]  # shared scope's batches mix tenants by design
 
 
-def _figures(first: float, last: float, kept: bool = True) -> dict[str, object]:
+def _figures(first: float, last: float, kept: bool = True, se: float = 0.1) -> dict[str, object]:
     return {
         "turns": 100, "window_turns": 32, "reward_first_window": first,
-        "reward_last_window": last, "gain": last - first, "versions": [0, 1],
+        "reward_last_window": last, "gain": last - first, "gain_se": se, "versions": [0, 1],
         "held_out_reward": {"base": first, "final": last},
         "quality_kept": {"topic_rate": kept, "symbols": True, "non_answers": True},
         "same_questions": [{"question": "Tell me about bread.", "reply": "Bread.", "version": 1}],
@@ -115,6 +115,9 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
     rows = matrix(tenants, [tenant, shared])
     assert rows[0]["gain_difference"] == pytest.approx(0.5)
     assert rows[1]["gain_difference"] == pytest.approx(0.6)
+    tenant.tenants[labels[1]]["gain_se"] = 0.2  # errors of independent runs add in squares
+    rows = matrix(tenants, [tenant, shared])
+    assert rows[1]["gain_difference_se"] == pytest.approx((0.2**2 + 0.1**2) ** 0.5)
     tenant.tenants[labels[0]]["held_out_reward"] = {"base": -0.9, "final": 0.0}
     rows = matrix(tenants, [tenant, shared])
     assert rows[0]["held_out_gain_difference"] == pytest.approx(0.9 - 0.4)
@@ -132,6 +135,7 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
     paths = write_tenant_report(tmp_path, settings, tenants, [tenant, shared])
     markdown = paths["md"].read_text()
     assert "| tenant 1 (brief) | -0.80 -> +0.10" in markdown
+    assert "| +0.50 ± 0.14 |" in markdown  # the live difference, with its standard error
     assert (
         "| tenant 1 (brief) | -0.90 -> +0.00 (gain +0.90) | -0.80 -> -0.40 (gain +0.40) | +0.50 |"
         in markdown

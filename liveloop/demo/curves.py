@@ -7,6 +7,7 @@ turns, and the number of judged turns until the moving mean first reaches a thre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -18,6 +19,20 @@ def window_means(scores: Sequence[float], window: int) -> list[float]:
         if len(part) >= max(1, window // 2):
             out.append(sum(part) / len(part))
     return out
+
+
+def gain_standard_error(first: Sequence[float], last: Sequence[float]) -> float | None:
+    """Standard error of `mean(last) - mean(first)`, the windows taken as independent samples
+    (None when either has fewer than two scores). With scores of -1, 0 or +1 a window of 64
+    turns gives a gain of about +-0.15; a difference of two such gains about +-0.2."""
+    if len(first) < 2 or len(last) < 2:
+        return None
+    return math.sqrt(_variance(first) / len(first) + _variance(last) / len(last))
+
+
+def _variance(scores: Sequence[float]) -> float:
+    mean = sum(scores) / len(scores)
+    return sum((s - mean) ** 2 for s in scores) / (len(scores) - 1)
 
 
 def moving_mean(scores: Sequence[float], window: int) -> list[float]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from liveloop import bus
 from liveloop.contracts import ScoredTurn, WeightsAnnouncement
-from liveloop.demo.curves import turns_to_threshold, window_means
+from liveloop.demo.curves import gain_standard_error, turns_to_threshold, window_means
 from liveloop.demo.measures import reply_quality
 from liveloop.demo.render import plot, render_markdown
 from liveloop.registry import Registry, RegistryError
@@ -152,6 +152,9 @@ def summarise(
         )
     if summary["reward_first_window"] is not None and summary["reward_last_window"] is not None:
         summary["improvement"] = summary["reward_last_window"] - summary["reward_first_window"]
+        summary["improvement_se"] = gain_standard_error(
+            [t.score for t in first], [t.score for t in last]
+        )
     return summary
 
 
@@ -225,6 +228,7 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
     final_probe = (platform.get(str(final_version)) or {}).get("probe") or {}
     out: dict[str, Any] = {
         "reward_gain": summary.get("improvement"),
+        "reward_gain_se": summary.get("improvement_se"),
         "held_out_reward": {
             "version 0": base.get("mean_reward"),
             "final": final.get("mean_reward"),

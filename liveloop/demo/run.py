@@ -111,6 +111,7 @@ def objective_figures(summary: dict[str, Any]) -> dict[str, Any]:
     evals = summary.get("eval") or {}
     final = next((row for name, row in evals.items() if "final" in name), None) or {}
     keys = ("judged_turns", "reward_first_window", "reward_last_window", "improvement",
+            "improvement_se",
             "reward_per_window", "threshold", "turns_to_threshold", "hint_share",
             "policy_versions", "training", "wall_seconds", "minutes_to_threshold")  # fmt: skip
     out = {k: summary.get(k) for k in keys}

@@ -9,6 +9,7 @@ back from the streams, and each tenant's replies to the same questions at the en
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ def matrix(tenants: list[Tenant], runs: list[ScopeRun]) -> list[dict[str, Any]]:
             row[run.scope] = run.tenants[tenant.label]
         gains = [row.get(s, {}).get("gain") for s in ("tenant", "shared")]
         row["gain_difference"] = _difference(gains[0], gains[1])
+        row["gain_difference_se"] = _combined_error(
+            [row.get(s, {}).get("gain_se") for s in ("tenant", "shared")]
+        )
         held = [_held_out_gain(row.get(s)) for s in ("tenant", "shared")]
         row["held_out_gain_difference"] = _difference(held[0], held[1])
         rows.append(row)
@@ -53,6 +57,13 @@ def matrix(tenants: list[Tenant], runs: list[ScopeRun]) -> list[dict[str, Any]]:
 
 def _difference(a: float | None, b: float | None) -> float | None:
     return a - b if a is not None and b is not None else None
+
+
+def _combined_error(errors: list[float | None]) -> float | None:
+    """The standard error of a difference of independent estimates with these errors."""
+    if not errors or any(e is None for e in errors):
+        return None
+    return math.sqrt(sum(e * e for e in errors if e is not None))
 
 
 def _held_out_gain(figures: dict[str, Any] | None) -> float | None:
@@ -76,6 +87,9 @@ def headline(rows: list[dict[str, Any]], runs: list[ScopeRun]) -> dict[str, Any]
     )
     return {
         "gain_difference": differences,
+        # One standard error of each difference: with a margin of the same size, a single
+        # run's verdict can go either way on sampling alone.
+        "gain_difference_se": {r["label"]: r.get("gain_difference_se") for r in conflicting},
         # The same held-out users and questions before and after, beside the live windows
         # (whose turns come from every version served in the run).
         "held_out_gain_difference": {
@@ -133,6 +147,8 @@ def render(report: dict[str, Any]) -> str:
         f"Tenant scope beats shared scope by more than {top['margin']} for the conflicting "
         f"tenants, quality kept, isolation passed: **{top['tenant_scope_beats_shared']}** "
         f"(quality kept: {top['quality_kept']}; isolation passed: {top['isolation_passed']}). "
+        "A difference is given with one standard error of its four windows' means: the "
+        "margin is about that size, so one run's verdict can turn on sampling alone. "
         "Held-out users' gain differences, the same users and questions before and after: "
         + ", ".join(f"{k} {_fmt(v)}" for k, v in top["held_out_gain_difference"].items())
         + ".",
@@ -165,13 +181,15 @@ def _table(
     difference: str,
 ) -> list[str]:
     """A markdown table: a row per tenant, a column per scope, and the gains' difference
-    (`difference`: the row's key of it)."""
+    (`difference`: the row's key of it; with its standard error where the row has one)."""
     lines = [
         "| tenant | " + " | ".join(f"{s} scope" for s in scopes) + " | gain difference |",
         "|---" * (len(scopes) + 2) + "|",
     ]
     for row in rows:
-        last = f" {_fmt(row.get(difference))} |"
+        error = row.get(f"{difference}_se")
+        spread = "" if error is None else f" ± {error:.2f}"
+        last = f" {_fmt(row.get(difference))}{spread} |"
         lines.append(
             f"| {row['label']} | " + " | ".join(cell(row[s]) for s in scopes) + " |" + last
         )

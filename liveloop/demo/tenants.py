@@ -214,6 +214,7 @@ def tenant_figures(
         "reward_first_window": summary["reward_first_window"],
         "reward_last_window": summary["reward_last_window"],
         "gain": _gain(summary),
+        "gain_se": summary.get("improvement_se"),  # one standard error, from the windows' spread
         "versions": sorted({t.version for t in turns}),
         "held_out_reward": {"base": base["mean_reward"], "final": held_out["mean_reward"]},
         "quality": {
