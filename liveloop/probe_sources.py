@@ -69,3 +69,9 @@ class ProbeSource(ABC):
     @abstractmethod
     async def draw(self) -> list[Probe]:
         """The probe set to use from now on (may be empty: the gate then has no evidence)."""
+
+    def fell_short(self, probes: list[Probe]) -> bool:
+        """Whether `probes`, drawn earlier, are fewer than this source draws when it can (a
+        refreshing source is then asked again before the next update, not every few
+        versions: a trainer that starts before any traffic must not go unguarded)."""
+        return False

@@ -13,6 +13,7 @@ import torch
 
 from liveloop.config import ConfigError, SharedSettings, load_settings
 from liveloop.config.gate import GateSettings
+from liveloop.contracts import TurnRecord
 from liveloop.demo.gate_probes import HeldOutUsers
 from liveloop.probe_sources import Probe, ProbeContext
 from liveloop.reading import question_topic
@@ -102,7 +103,11 @@ def _context(redis: aredis.Redis, tenant: str | None = None, **gate: int) -> Pro
 async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_rebaselines(
     aredis_client: aredis.Redis,
 ) -> None:
-    settings = load_settings(model="tiny-random", trainer={"gate": {"refresh_versions": 2}})
+    """A trainer started before any traffic draws no probes; its gate draws again before
+    every update until its set is full (not `refresh_versions` later: ten unguarded versions),
+    then every `refresh_versions` versions."""
+    gate_settings = {"refresh_versions": 3, "served_probes": 8}
+    settings = load_settings(model="tiny-random", trainer={"gate": gate_settings})
     cfg, shared = settings.trainer.gate, settings.shared()
     source = ServedPrompts(ProbeContext(cfg, shared, aredis_client))
     gate = PromotionGate("tiny-random", cfg, build_panel(settings.prm, shared), source)
@@ -112,14 +117,27 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
     verdict = gate.decide(await gate.probe(policy, 1))
     assert verdict.accepted and verdict.reason is not None and "no probes" in verdict.reason
 
-    turns = [make_turn(f"s{i}", 0, [user(f"Tell me about thing {i}.")], "ok") for i in range(5)]
-    await write_turns(aredis_client, turns)
-    await gate.refresh(policy, 1)  # one version since the draw: not yet
-    assert gate.probes == []
+    def served(first: int, last: int) -> list[TurnRecord]:
+        return [make_turn(f"s{i}", 0, [user(f"Tell me about thing {i}.")], "ok")
+                for i in range(first, last)]  # fmt: skip
+
+    await write_turns(aredis_client, served(0, 5))
+    await gate.refresh(policy, 1)  # short (none of 8): drawn again at once
+    assert len(gate.probes) == 5 and gate.drawn_at == 1
+    assert gate.version0.probes == 5 and gate.serving is not None and gate.serving.version == 1
+    assert gate.decide(await gate.probe(policy, 2)).probe.probes == 5
+    baseline = gate.version0
+    await gate.refresh(policy, 2)  # still short, but no new request: the same set, kept
+    assert gate.version0 is baseline
+    await write_turns(aredis_client, served(5, 9))
     await gate.refresh(policy, 2)
-    assert len(gate.probes) == 5 and gate.drawn_at == 2
-    assert gate.version0.probes == 5 and gate.serving is not None and gate.serving.version == 2
-    assert gate.decide(await gate.probe(policy, 3)).probe.probes == 5
+    assert len(gate.probes) == 8 and gate.version0.probes == 8 and gate.drawn_at == 2
+    full = gate.probes
+    await write_turns(aredis_client, served(9, 12))
+    await gate.refresh(policy, 4)  # full, two versions since the draw: kept
+    assert gate.probes == full and gate.drawn_at == 2
+    await gate.refresh(policy, 5)  # refresh_versions since the draw: a new sample of 11
+    assert gate.drawn_at == 5 and len(gate.probes) == 8 and gate.probes != full
 
 
 def test_a_question_names_its_topic_in_its_last_sentence_that_names_anything() -> None:

@@ -43,7 +43,9 @@ class GateSettings(Section):
         10,
         ge=1,
         description="A refreshing source ('served') draws a new probe set every this many "
-        "versions; version 0 and the serving version are probed on it again first.",
+        "versions, and before every update while its last set was short of "
+        "served_probes (too little traffic yet); version 0 and the serving version are "
+        "probed on a changed set first.",
     )
     probe_users: int = Field(
         16, ge=1, description="Held-out simulated users, one question each ('demo' source)."

@@ -15,7 +15,8 @@ version is recorded and announced as rejected (never served), and the trainer tr
 the last accepted version. A candidate is only ever compared with versions probed on the
 same set: when a refreshing source draws a new one, version 0 and the serving version are
 probed on it again before the next candidate. With no probes at all (no traffic served yet)
-the gate has no evidence and accepts, saying so.
+the gate has no evidence and accepts, saying so; a set drawn short (fewer served requests
+than it wants) is drawn again before the next update, not `refresh_versions` later.
 """
 
 from __future__ import annotations
@@ -161,9 +162,14 @@ class PromotionGate:
 
     async def refresh(self, policy: Policy, serving_version: int) -> None:
         """Before an update: a refreshing source draws a new probe set every
-        `refresh_versions` versions; a changed set is probed on version 0 and the serving
-        version (`policy` holds the serving weights now) before any candidate meets it."""
-        if not self.source.refreshes or serving_version - self.drawn_at < self.cfg.refresh_versions:
+        `refresh_versions` versions, and before every update while its set falls short (a
+        trainer started before any traffic has none); a changed set is probed on version 0
+        and the serving version (`policy` holds the serving weights now) before any
+        candidate meets it."""
+        if not self.source.refreshes:
+            return
+        due = serving_version - self.drawn_at >= self.cfg.refresh_versions
+        if not due and not self.source.fell_short(self.probes):
             return
         before = self.probes
         await self._draw(serving_version)

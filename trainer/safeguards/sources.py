@@ -75,6 +75,10 @@ class ServedPrompts(ProbeSource):
         log.info("gate probes: %d served requests drawn from %d", len(drawn), len(candidates))
         return drawn
 
+    def fell_short(self, probes: list[Probe]) -> bool:
+        """Fewer than `served_probes`: too little traffic had been served when drawn."""
+        return len(probes) < self.context.gate.served_probes
+
     def _eligible(self, turn: TurnRecord) -> bool:
         tenant = self.context.tenant
         return turn.turn_type == "main" and (tenant is None or turn.tenant == tenant)
