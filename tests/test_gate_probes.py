@@ -3,6 +3,7 @@ operator's prompts, or a plugin found by name; and a gate whose probe set is dra
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
@@ -101,12 +102,13 @@ def _context(redis: aredis.Redis, tenant: str | None = None, **gate: int) -> Pro
 
 
 async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_rebaselines(
-    aredis_client: aredis.Redis,
+    aredis_client: aredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A trainer started before any traffic draws no probes; its gate draws again before
     every update until its set is full (not `refresh_versions` later: ten unguarded versions),
-    then every `refresh_versions` versions."""
-    gate_settings = {"refresh_versions": 3, "served_probes": 8}
+    then every `refresh_versions` versions. A serving version beyond a bound on a new set is
+    reported: it stays served, and candidates close to it cannot pass."""
+    gate_settings = {"refresh_versions": 3, "served_probes": 8, "max_kl": 1e-4}
     settings = load_settings(model="tiny-random", trainer={"gate": gate_settings})
     cfg, shared = settings.trainer.gate, settings.shared()
     source = ServedPrompts(ProbeContext(cfg, shared, aredis_client))
@@ -136,8 +138,15 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
     await write_turns(aredis_client, served(9, 12))
     await gate.refresh(policy, 4)  # full, two versions since the draw: kept
     assert gate.probes == full and gate.drawn_at == 2
-    await gate.refresh(policy, 5)  # refresh_versions since the draw: a new sample of 11
+    with torch.no_grad():  # the serving weights drift from the reference
+        for weight in policy.model.parameters():
+            if weight.requires_grad:
+                weight.add_(torch.randn_like(weight) * 0.5)
+    with caplog.at_level(logging.WARNING, logger="liveloop.trainer.safeguards.gate"):
+        await gate.refresh(policy, 5)  # refresh_versions since the draw: a new sample of 11
     assert gate.drawn_at == 5 and len(gate.probes) == 8 and gate.probes != full
+    assert "v5 is itself beyond the gate's bounds on the new probe set" in caplog.text
+    assert "KL to the reference" in caplog.text and gate.serving.version == 5
 
 
 def test_a_question_names_its_topic_in_its_last_sentence_that_names_anything() -> None:

@@ -186,7 +186,9 @@ class PromotionGate:
         self.version0 = await self.probe(policy, 0)
         self.accepted(self.version0)
         if serving_version > 0:
-            self.accepted(await self.probe(policy, serving_version))
+            serving = await self.probe(policy, serving_version)
+            self.accepted(serving)
+            self._warn_if_beyond(serving, self.version0)
         log.info(
             "promotion gate ready: %d probes (%s), version 0 reward %s, reference NLL %.3f",
             len(self.probes),
@@ -194,6 +196,20 @@ class PromotionGate:
             _fmt(self.version0.reward),
             self.version0.ref_nll,
         )
+
+    def _warn_if_beyond(self, serving: ProbeResult, version0: ProbeResult) -> None:
+        """Say so when the serving version fails a drift bound on a new probe set: it stays
+        served, and candidates close to it will be refused until the next draw."""
+        beyond = self._drift_reasons(serving, version0)
+        if beyond:
+            tenant = self.source.context.tenant
+            log.warning(
+                "the serving version v%d%s is itself beyond the gate's bounds on the new probe "
+                "set (%s): candidates close to it will be refused until the next draw",
+                serving.version,
+                f" of tenant {tenant}" if tenant else "",
+                "; ".join(beyond),
+            )
 
     def decide(self, candidate: ProbeResult) -> GateVerdict:
         """Accept unless the candidate regresses in reward or drifts too far (reasons given)."""
