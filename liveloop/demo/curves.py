@@ -8,6 +8,7 @@ turns, and the number of judged turns until the moving mean first reaches a thre
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
@@ -27,12 +28,8 @@ def gain_standard_error(first: Sequence[float], last: Sequence[float]) -> float 
     turns gives a gain of about +-0.15; a difference of two such gains about +-0.2."""
     if len(first) < 2 or len(last) < 2:
         return None
-    return math.sqrt(_variance(first) / len(first) + _variance(last) / len(last))
-
-
-def _variance(scores: Sequence[float]) -> float:
-    mean = sum(scores) / len(scores)
-    return sum((s - mean) ** 2 for s in scores) / (len(scores) - 1)
+    spread = statistics.variance
+    return math.sqrt(spread(first) / len(first) + spread(last) / len(last))
 
 
 def moving_mean(scores: Sequence[float], window: int) -> list[float]:

@@ -92,7 +92,7 @@ def _mark(ok: bool | None) -> str:
     return {True: "kept", False: "NOT kept", None: "not measured"}[ok]
 
 
-def _error(se: float | None) -> str:
+def plus_minus(se: float | None) -> str:
     """' ± 0.15': one standard error of a gain, from the spread of the two windows' scores."""
     return "" if se is None else f" ± {se:.2f}"
 
@@ -102,7 +102,7 @@ def _headline(summary: dict[str, Any]) -> list[str]:
     topic, nll = h.get("topic_rate") or {}, h.get("ref_nll") or {}
     non_answers = h.get("non_answer_share") or {}
     checks = h.get("quality_kept") or {}
-    gain = f"{_fmt(h.get('reward_gain'))}**{_error(h.get('reward_gain_se'))}"
+    gain = f"{_fmt(h.get('reward_gain'))}**{plus_minus(h.get('reward_gain_se'))}"
     return [
         f"**Judged reward gain {gain} (first "
         f"{summary['window_turns']} turns {_fmt(summary['reward_first_window'])}, last "

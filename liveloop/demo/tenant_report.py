@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from liveloop.config import LiveLoopSettings
+from liveloop.demo.render import plus_minus
 from liveloop.demo.styles import Tenant
 
 TARGET_MARGIN = 0.2  # a conflicting tenant's gain in tenant scope beats shared scope by this
@@ -187,8 +188,7 @@ def _table(
         "|---" * (len(scopes) + 2) + "|",
     ]
     for row in rows:
-        error = row.get(f"{difference}_se")
-        spread = "" if error is None else f" ± {error:.2f}"
+        spread = plus_minus(row.get(f"{difference}_se"))
         last = f" {_fmt(row.get(difference))}{spread} |"
         lines.append(
             f"| {row['label']} | " + " | ".join(cell(row[s]) for s in scopes) + " |" + last
