@@ -13,6 +13,12 @@ The counters live in one Redis hash per version (plus a HyperLogLog of its bigra
 names in `liveloop.bus.keys`), so any process reads the same figures; the trainer
 exports them as metrics and stores them in the registry, and `liveloop eval` prints them.
 A turn belongs to the oldest version that produced one of its tokens.
+
+Version 0, the base model, serves every tenant that has no adapter of its own, so its
+counters mix all tenants' traffic. A turn of version 0 is therefore also counted under its
+tenant, and in tenant scope a tenant's watch compares its adapter with the base on that
+tenant's own turns (`read(..., tenant=...)`): a tenant whose users score everything low
+must not see its adapter rolled back because the base pleases other tenants better.
 """
 
 from __future__ import annotations
@@ -110,34 +116,28 @@ class QualityStore:
         self.client = client
 
     @staticmethod
-    def queue_turn(pipe: Any, version: int, score: float | None, reply: str) -> None:
-        """Count one finished turn on a pipeline (`score` None: the judges could not score it)."""
-        key = keys.quality_counters(version)
-        bigrams = reply_bigrams(reply)
+    def queue_turn(
+        pipe: Any, version: int, score: float | None, reply: str, tenant: str | None = None
+    ) -> None:
+        """Count one finished turn on a pipeline (`score` None: the judges could not score
+        it); a turn of version 0 is counted under its `tenant` too."""
         pipe.zadd(keys.QUALITY_VERSIONS, {str(version): version})
-        if score is None:
-            pipe.hincrby(key, "unscored", 1)
-        else:
-            pipe.hincrby(key, "judged", 1)
-            pipe.hincrbyfloat(key, "score_sum", float(score))
-            pipe.hincrbyfloat(key, "score_sq_sum", float(score) ** 2)
-        pipe.hincrby(key, "words", len(WORD.findall(reply or "")))
-        if bigrams:
-            pipe.hincrby(key, "bigrams", len(bigrams))
-            pipe.pfadd(keys.quality_bigrams(version), *bigrams)
+        for counters, bigrams in _counter_keys(version, tenant, both=True):
+            _queue_counts(pipe, counters, bigrams, score, reply)
 
-    async def add_drift(self, drift: dict[int, DriftSums]) -> None:
-        """Add reference-model sums per version."""
+    async def add_drift(self, drift: dict[int, DriftSums], tenant: str | None = None) -> None:
+        """Add reference-model sums per version (version 0's under `tenant` too: the
+        trainer's batch in tenant scope holds that tenant's samples alone)."""
         if not drift:
             return
         async with self.client.pipeline(transaction=False) as pipe:
             for version, sums in drift.items():
-                key = keys.quality_counters(version)
                 pipe.zadd(keys.QUALITY_VERSIONS, {str(version): version})
-                pipe.hincrby(key, "ref_tokens", sums.tokens)
-                pipe.hincrby(key, "ref_replies", sums.replies)
-                pipe.hincrbyfloat(key, "ref_nll_sum", sums.nll_sum)
-                pipe.hincrbyfloat(key, "kl_sum", sums.kl_sum)
+                for key, _bigrams in _counter_keys(version, tenant, both=True):
+                    pipe.hincrby(key, "ref_tokens", sums.tokens)
+                    pipe.hincrby(key, "ref_replies", sums.replies)
+                    pipe.hincrbyfloat(key, "ref_nll_sum", sums.nll_sum)
+                    pipe.hincrbyfloat(key, "kl_sum", sums.kl_sum)
             await pipe.execute()
 
     async def versions(self) -> list[int]:
@@ -145,16 +145,47 @@ class QualityStore:
         members: Any = await self.client.zrange(keys.QUALITY_VERSIONS, 0, -1)
         return sorted(int(m) for m in members)
 
-    async def read(self, versions: list[int] | None = None) -> list[VersionQuality]:
-        """The measures of the given versions (default: all), oldest first."""
+    async def read(
+        self, versions: list[int] | None = None, tenant: str | None = None
+    ) -> list[VersionQuality]:
+        """The measures of the given versions (default: all), oldest first; with `tenant`,
+        version 0's are those of that tenant's turns alone."""
         if versions is None:
             versions = await self.versions()
         async with self.client.pipeline(transaction=False) as pipe:
             for version in versions:
-                pipe.hgetall(keys.quality_counters(version))
-                pipe.pfcount(keys.quality_bigrams(version))
+                [(counters, bigrams)] = _counter_keys(version, tenant, both=False)
+                pipe.hgetall(counters)
+                pipe.pfcount(bigrams)
             replies = await pipe.execute()
         return [
             VersionQuality.from_counters(v, replies[2 * i] or {}, int(replies[2 * i + 1] or 0))
             for i, v in enumerate(versions)
         ]
+
+
+def _counter_keys(version: int, tenant: str | None, *, both: bool) -> list[tuple[str, str]]:
+    """The (counters, bigrams) keys a turn of `version` and `tenant` is counted in or read
+    from: the version's; for version 0 with a tenant, the tenant's (`both`: and the version's)."""
+    version_keys = (keys.quality_counters(version), keys.quality_bigrams(version))
+    if version != 0 or not tenant:
+        return [version_keys]
+    tenant_keys = (keys.tenant_base_quality(tenant), keys.tenant_base_bigrams(tenant))
+    return [version_keys, tenant_keys] if both else [tenant_keys]
+
+
+def _queue_counts(
+    pipe: Any, counters: str, bigrams_key: str, score: float | None, reply: str
+) -> None:
+    """One finished turn added to one hash of counters (and its bigrams' HyperLogLog)."""
+    if score is None:
+        pipe.hincrby(counters, "unscored", 1)
+    else:
+        pipe.hincrby(counters, "judged", 1)
+        pipe.hincrbyfloat(counters, "score_sum", float(score))
+        pipe.hincrbyfloat(counters, "score_sq_sum", float(score) ** 2)
+    pipe.hincrby(counters, "words", len(WORD.findall(reply or "")))
+    bigrams = reply_bigrams(reply)
+    if bigrams:
+        pipe.hincrby(counters, "bigrams", len(bigrams))
+        pipe.pfadd(bigrams_key, *bigrams)

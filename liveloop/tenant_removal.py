@@ -5,7 +5,7 @@ dead letters and its adapters' weight announcements in the streams (`XDEL`), its
 holds other tenants' turns is written again without the tenant's), the judging loop's
 waiting records of its sessions, its sessions (Redis and registry), its checkpoints (its
 adapter versions under `<checkpoints>/tenants/<tenant>`), its versions and their quality
-(registry, Redis counters), and its records in the stream archive. Serving its adapters
+(registry, Redis counters), the base model's counters on its turns, and its records in the stream archive. Serving its adapters
 is the server's to stop (the route does, after this). Every step is idempotent: a
 removal repeated finds nothing and removes nothing.
 """
@@ -103,7 +103,7 @@ class TenantRemoval:
         await self._waiting(sessions, turn_keys)
         await self._baselines(tenant)
         versions = await asyncio.to_thread(self._disk_and_registry, tenant, report)
-        await self._quality(versions)
+        await self._quality(tenant, versions)
         if self.archive_dir is not None and self.archive_dir.is_dir():
             purged = await asyncio.to_thread(purge_tenant, self.archive_dir, tenant, sessions)
             report.archive_entries = purged.entries_removed + purged.samples_removed
@@ -225,10 +225,11 @@ class TenantRemoval:
             report.registry = registry.delete_tenant(tenant)
         return sorted(versions)
 
-    async def _quality(self, versions: list[int]) -> None:
-        """The served-quality counters of the tenant's versions."""
-        if not versions:
-            return
-        await self.client.zrem(keys.QUALITY_VERSIONS, *[str(v) for v in versions])
+    async def _quality(self, tenant: str, versions: list[int]) -> None:
+        """The served-quality counters of the tenant's versions, and of the base on its turns."""
         doomed = [k for v in versions for k in (keys.quality_counters(v), keys.quality_bigrams(v))]
-        await self.client.delete(*doomed)
+        await self.client.delete(
+            *doomed, keys.tenant_base_quality(tenant), keys.tenant_base_bigrams(tenant)
+        )
+        if versions:
+            await self.client.zrem(keys.QUALITY_VERSIONS, *[str(v) for v in versions])

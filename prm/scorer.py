@@ -231,7 +231,7 @@ class Scorer:
         async with self.store.client.pipeline(transaction=False) as pipe:
             for head, score in finished:
                 text = message_text(head.response)
-                QualityStore.queue_turn(pipe, head.min_version, score, text)
+                QualityStore.queue_turn(pipe, head.min_version, score, text, head.tenant)
             await pipe.execute()
 
     async def _failed(self, job: Job, error: BaseException, raws: list[str | None]) -> None:

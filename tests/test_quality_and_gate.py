@@ -60,6 +60,15 @@ async def test_quality_measures_of_a_known_reply_set(aredis_client: aredis.Redis
     assert (v3.ref_tokens, v3.ref_replies) == (4, 2)
     assert [q.version for q in await store.read()] == [3, 4]
 
+    # The base's sums from one tenant's batch: version 0's, and that tenant's alone.
+    await store.add_drift({0: DriftSums(tokens=5, nll_sum=10.0, kl_sum=0.5, replies=1)}, "ta")
+    await store.add_drift({0: DriftSums(tokens=5, nll_sum=20.0, kl_sum=0.5, replies=1)}, "tb")
+    [base_a] = await store.read([0], tenant="ta")
+    [base] = await store.read([0])
+    assert base_a.ref_nll == pytest.approx(2.0) and base.ref_nll == pytest.approx(3.0)
+    [v3_a] = await store.read([3], tenant="ta")  # an adapter's version is its tenant's own
+    assert v3_a == v3
+
 
 def test_drift_sums_split_a_micro_batch_by_served_version() -> None:
     samples = make_samples(2, seed=7)
@@ -279,28 +288,38 @@ async def test_a_refused_version_is_never_served_and_training_goes_on_from_the_l
 async def test_the_judging_loop_counts_every_finished_turn_per_version(
     aredis_client: aredis.Redis, redis_url: str
 ) -> None:
-    """Judged turns add their score and words to their version; silent ones count unscored."""
+    """Judged turns add their score and words to their version; silent ones count unscored.
+    Version 0 (the base, serving every tenant without an adapter) is counted per tenant too."""
     from tests.synthetic import conversation, user, write_turns
     from tests.test_prm_loop import fast_settings, judging, wait_for
 
     settings = fast_settings(redis_url, rules={"timeout_score": None})
     turns = conversation("q", [user("hi"), user("thanks, perfect"), user("too long")])
+    other = [
+        t.model_copy(update={"tenant": "tenant-other"})
+        for t in conversation("r", [user("hi"), user("thanks, perfect")])
+    ]
     async with judging(aredis_client, settings):
-        await write_turns(aredis_client, turns)
+        await write_turns(aredis_client, [*turns, *other])
         store = QualityStore(aredis_client)
 
         async def all_finished() -> bool:
             found = await store.read()
-            return bool(found) and found[0].judged + found[0].unscored == 3
+            return bool(found) and found[0].judged + found[0].unscored == 5
 
         await wait_for(all_finished)
-    [quality] = await store.read()
+    [quality] = await store.read([0], tenant="tenant-test")
     # turn 0 -> "thanks, perfect" (+1); turn 1 -> "too long" (-1); turn 2 -> silence
     assert (quality.version, quality.judged, quality.unscored) == (0, 2, 1)
     assert quality.mean_reward == pytest.approx(0.0)
     replies = [t.response.get("content") or "" for t in turns]
     words = sum(len(WORD.findall(r)) for r in replies)  # words are runs of letters
     assert quality.mean_reply_words == pytest.approx(words / 3)
+    [theirs] = await store.read([0], tenant="tenant-other")  # +1, then silence
+    assert (theirs.judged, theirs.unscored, theirs.mean_reward) == (1, 1, pytest.approx(1.0))
+    [everyone] = await store.read()  # version 0 on every tenant's turns
+    assert (everyone.judged, everyone.unscored) == (3, 2)
+    assert everyone.mean_reward == pytest.approx(1 / 3)
 
 
 @pytest.mark.slow

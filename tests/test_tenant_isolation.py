@@ -25,6 +25,7 @@ from liveloop.collector.loop import Collector
 from liveloop.config import load_settings
 from liveloop.contracts import ScoredTurn, TrainingBatch, TurnRecord, WeightsAnnouncement
 from liveloop.models import load_model
+from liveloop.quality import QualityStore
 from liveloop.registry import Registry
 from liveloop.server.api.auth import tenant_id
 from liveloop.valkey import EmbeddedValkey
@@ -212,6 +213,10 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
     writer = ArchiveWriter(archive, bus.stream_key(bus.TURNS))
     writer.add(sync.xrange(bus.stream_key(bus.TURNS)))
     writer.close()
+    pipe = sync.pipeline(transaction=False)  # the judging loop's counters of the base, per tenant
+    for tenant in (A, B):
+        QualityStore.queue_turn(pipe, 0, 0.5, "a judged reply of the base", tenant)
+    pipe.execute()
     replies_b = await asyncio.to_thread(_replies, server, B)
 
     gone = await asyncio.to_thread(_admin, server, "DELETE", f"/admin/tenants/{A}")
@@ -230,6 +235,8 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
     assert [(a.adapter, a.withdrawn, a.servable) for a in mentions] == [(A, True, False)]
     assert not list(sync.scan_iter(match=f"liveloop:session:{session_a}"))
     assert not list(sync.scan_iter(match=f"liveloop:prefix:{A}:*"))
+    assert not list(sync.scan_iter(match=f"liveloop:quality:*{A}*"))
+    assert len(list(sync.scan_iter(match=f"liveloop:quality:*{B}*"))) == 2
     baselines = sync.hkeys("liveloop:collector:baselines")  # the collector's, per tenant
     assert not any(n.startswith(A) for n in baselines) and any(n.startswith(B) for n in baselines)
     assert not (server.data_dir / "checkpoints" / "tenants" / A).exists()

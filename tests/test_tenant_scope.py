@@ -267,7 +267,7 @@ async def test_a_tenants_bad_version_is_rolled_back_alone(
     async with aredis_client.pipeline(transaction=False) as pipe:
         for version, scores in ((0, [0.5, 1.0] * 4), (1, [1.0] * 10), (3, [-1.0, -0.5] * 5)):
             for score in scores:
-                QualityStore.queue_turn(pipe, version, score, "a reply of a few words")
+                QualityStore.queue_turn(pipe, version, score, "a reply of a few words", "ta")
         await pipe.execute()
     await writer.write(make_samples(4, seed=53), 0, tenant="tb")
     s = settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 1})
@@ -291,6 +291,43 @@ async def test_a_tenants_bad_version_is_rolled_back_alone(
     assert sample("liveloop_tenant_rollbacks_total", {"tenant": "ta"}) == 1
     assert second.lanes["tb"].guards.watch is not None
     assert second.lanes["tb"].guards.watch.rollbacks == 0
+
+
+async def test_a_tenants_adapter_is_watched_against_the_base_on_its_own_turns(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """Tenant a's users score every reply -1, the base's and its adapter's alike; the base
+    pleases tenant b's users. a's adapter served no worse than the base did for a: it is
+    judged good, not rolled back against the base's turns of every tenant taken together."""
+    from liveloop.quality import QualityStore
+
+    writer = BatchWriter(aredis_client, data_dir)
+    await writer.write(make_samples(4, seed=60), 0, tenant="ta")
+    trainer_cfg = {"scope": "tenant", "lora": LORA, "lr": 1e-2, "read_block_ms": 100,
+                   "gate": {"enabled": False},
+                   "watch": {"min_turns": 8, "check_interval_s": 0.05}}  # fmt: skip
+    s = settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 1})
+    await TenantTrainer(s.shared(), s.trainer, judging=s.prm).run()  # a: v1
+
+    served = (("ta", 0, [-1.0] * 10), ("tb", 0, [0.5, 1.0] * 10), ("ta", 1, [-1.0] * 10))
+    async with aredis_client.pipeline(transaction=False) as pipe:
+        for tenant, version, scores in served:
+            for score in scores:
+                QualityStore.queue_turn(pipe, version, score, "a reply of a few words", tenant)
+        await pipe.execute()
+    [everyone] = await QualityStore(aredis_client).read([0])
+    assert everyone.mean_reward is not None and everyone.mean_reward > 0.0  # a's v1 is far below
+    await writer.write(make_samples(4, seed=61), 0, tenant="tb")
+    s = settings_for(redis_url, data_dir, trainer={**trainer_cfg, "max_updates": 1})
+    second = TenantTrainer(s.shared(), s.trainer, judging=s.prm)
+    await second.run()  # a's watch looks first; then b's batch: v2
+
+    entries = await aredis_client.xrange("liveloop:weights")
+    got = [bus.decode(f, WeightsAnnouncement) for _id, f in entries]
+    assert [(a.version, a.tenant) for a in got] == [(1, "ta"), (2, "tb")]  # no rollback
+    watch = second.lanes["ta"].guards.watch
+    assert watch is not None and watch.rollbacks == 0
+    assert [(g.version, g.mean) for g in watch.good] == [(0, -1.0), (1, -1.0)]
 
 
 def load_peft_weights_of(path: Path) -> dict[str, torch.Tensor]:

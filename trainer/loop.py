@@ -353,7 +353,7 @@ class Trainer:
         await self.guards.before_update(policy, self.version)
         stats = await asyncio.to_thread(self._updater().update, samples, message.lr_scale)
         if self.quality is not None:
-            await self.quality.add_drift(stats.drift)
+            await self.quality.add_drift(stats.drift, tenant=self.guards.tenant)
         weights = await asyncio.to_thread(policy.export)  # probed as served, then saved
         decision = await self.guards.after_update(policy, self.next_version, weights, self.version)
         started = time.perf_counter()

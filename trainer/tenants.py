@@ -5,8 +5,9 @@ what is the tenant's own: its checkpoints (`<checkpoints>/tenants/<tenant>/v<N>`
 numbers global), its trainer state (version, applied batches), the history of its
 versions (staleness is counted in them, `liveloop.tenants.tenant_lag`), its learning-rate
 factor, and its safeguards: a promotion gate probing with the tenant's own recent prompts
-and a served-quality watch over its own versions, so one tenant's refusal or rollback
-never touches another's adapter.
+and a served-quality watch over its own versions (the base among them measured on the
+tenant's own turns, `liveloop.quality`), so one tenant's refusal or rollback never touches
+another's adapter.
 
 There is one model in memory, the base wrapped with one trainable LoRA adapter, and one
 optimizer. Before a tenant's batch is trained, that tenant's adapter weights and optimizer

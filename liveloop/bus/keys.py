@@ -98,6 +98,16 @@ def quality_bigrams(version: int) -> str:
     return quality_counters(version) + ":bigrams"
 
 
+def tenant_base_quality(tenant: str) -> str:
+    """Hash of the quality counters of version 0 (the base) on one tenant's turns alone."""
+    return f"{PREFIX}quality:tenant:{tenant}:v0"
+
+
+def tenant_base_bigrams(tenant: str) -> str:
+    """HyperLogLog of the distinct reply bigrams of version 0 on one tenant's turns."""
+    return tenant_base_quality(tenant) + ":bigrams"
+
+
 # Sessions (serving loop) ----------------------------------------------------------------
 SESSION_PREFIX = PREFIX + "session:"
 PREFIX_INDEX = PREFIX + "prefix:"

@@ -87,6 +87,7 @@ class TurnHead(BaseModel):
     messages: list[dict[str, Any]]
     response: dict[str, Any] = Field(default_factory=dict)
     versions: list[int] = Field(default_factory=list)
+    tenant: str | None = None
 
     @property
     def key(self) -> str:

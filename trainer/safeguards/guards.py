@@ -157,7 +157,7 @@ class Safeguards:
         if self.watch is None or quality is None or time.monotonic() < self._next_watch:
             return None
         self._next_watch = time.monotonic() + self.cfg.watch.check_interval_s
-        found = await quality.read(self.watch.wanted())
+        found = await quality.read(self.watch.wanted(), tenant=self.tenant)
         rollback = self.watch.check({q.version: q for q in found})
         if rollback is None:
             return None
