@@ -75,3 +75,8 @@ class ProbeSource(ABC):
         refreshing source is then asked again before the next update, not every few
         versions: a trainer that starts before any traffic must not go unguarded)."""
         return False
+
+    async def draw_more(self, taken: list[Probe]) -> list[Probe]:
+        """Probes other than `taken`, for a second look when the set drawn gives doubtful
+        evidence (the gate adds them to it); none by default."""
+        return []

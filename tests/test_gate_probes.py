@@ -107,7 +107,8 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
     """A trainer started before any traffic draws no probes; its gate draws again before
     every update until its set is full (not `refresh_versions` later: ten unguarded versions),
     then every `refresh_versions` versions. A serving version beyond a bound on a new set is
-    reported: it stays served, and candidates close to it cannot pass."""
+    looked at again on more probes, and reported if still beyond: it stays served, and
+    candidates close to it cannot pass."""
     gate_settings = {"refresh_versions": 3, "served_probes": 8, "max_kl": 1e-4}
     settings = load_settings(model="tiny-random", trainer={"gate": gate_settings})
     cfg, shared = settings.trainer.gate, settings.shared()
@@ -142,11 +143,22 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
         for weight in policy.model.parameters():
             if weight.requires_grad:
                 weight.add_(torch.randn_like(weight) * 0.5)
-    with caplog.at_level(logging.WARNING, logger="liveloop.trainer.safeguards.gate"):
-        await gate.refresh(policy, 5)  # refresh_versions since the draw: a new sample of 11
-    assert gate.drawn_at == 5 and len(gate.probes) == 8 and gate.probes != full
+    with caplog.at_level(logging.INFO, logger="liveloop.trainer.safeguards.gate"):
+        await gate.refresh(policy, 5)  # refresh_versions since the draw: a new sample of 12
+    # v5 is beyond the KL bound on the new 8: a second look, on the 4 requests left as well
+    assert "v5 is beyond a bound on 8 probes (KL to the reference" in caplog.text
+    assert "deciding on 4 more too" in caplog.text
+    assert gate.drawn_at == 5 and len(gate.probes) == 12 and gate.probes[:8] != full
+    assert len({repr(p.messages) for p in gate.probes}) == 12  # none of the first 8 again
+    assert gate.version0.probes == 12 and gate.serving.version == 5 and gate.serving.probes == 12
     assert "v5 is itself beyond the gate's bounds on the new probe set" in caplog.text
-    assert "KL to the reference" in caplog.text and gate.serving.version == 5
+    assert gate.decide(await gate.probe(policy, 6)).probe.probes == 12  # candidates meet both
+    caplog.clear()
+    gate.cfg = gate.cfg.model_copy(update={"second_draw": False})
+    with caplog.at_level(logging.INFO, logger="liveloop.trainer.safeguards.gate"):
+        await gate.refresh(policy, 8)  # a new draw, no second look
+    assert len(gate.probes) == 8 and "more too" not in caplog.text
+    assert "v8 is itself beyond the gate's bounds" in caplog.text
 
 
 def test_a_question_names_its_topic_in_its_last_sentence_that_names_anything() -> None:

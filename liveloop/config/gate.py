@@ -47,6 +47,12 @@ class GateSettings(Section):
         "served_probes (too little traffic yet); version 0 and the serving version are "
         "probed on a changed set first.",
     )
+    second_draw: bool = Field(
+        True,
+        description="When the serving version is itself beyond a drift bound on a newly drawn "
+        "set, draw up to served_probes more (a source that can: 'served') and decide on both "
+        "sets together until the next draw: more evidence, the same bounds.",
+    )
     probe_users: int = Field(
         16, ge=1, description="Held-out simulated users, one question each ('demo' source)."
     )

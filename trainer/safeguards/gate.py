@@ -14,7 +14,9 @@ answer, and those measures leave it out (`ProbeResult.tool_call_share` counts it
 version is recorded and announced as rejected (never served), and the trainer trains on from
 the last accepted version. A candidate is only ever compared with versions probed on the
 same set: when a refreshing source draws a new one, version 0 and the serving version are
-probed on it again before the next candidate. With no probes at all (no traffic served yet)
+probed on it again before the next candidate; when the serving version is itself beyond a
+drift bound on the new set, the source is asked for more probes and the gate decides on
+both sets (`second_draw`). With no probes at all (no traffic served yet)
 the gate has no evidence and accepts, saying so; a set drawn short (fewer served requests
 than it wants) is drawn again before the next update, not `refresh_versions` later.
 """
@@ -183,12 +185,27 @@ class PromotionGate:
         self.drawn_at = version
 
     async def _baselines(self, policy: Policy, serving_version: int) -> None:
-        self.version0 = await self.probe(policy, 0)
-        self.accepted(self.version0)
-        if serving_version > 0:
-            serving = await self.probe(policy, serving_version)
-            self.accepted(serving)
-            self._warn_if_beyond(serving, self.version0)
+        """Probe version 0 and the serving version on the set; when the serving version is
+        beyond a drift bound on it, look again on a set with more probes (`second_draw`)."""
+        beyond = await self._probe_baselines(policy, serving_version)
+        if beyond and self.cfg.second_draw:
+            more = await self.source.draw_more(self.probes)
+            if more:
+                log.info(
+                    "gate: v%d%s is beyond a bound on %d probes (%s); deciding on %d more too",
+                    serving_version, self._whose, len(self.probes), "; ".join(beyond), len(more),
+                )  # fmt: skip
+                self.probes = [*self.probes, *more]
+                self._prompts = None
+                self._live.clear()
+                beyond = await self._probe_baselines(policy, serving_version)
+        if beyond:
+            log.warning(
+                "the serving version v%d%s is itself beyond the gate's bounds on the new probe "
+                "set (%s): candidates close to it will be refused until the next draw",
+                serving_version, self._whose, "; ".join(beyond),
+            )  # fmt: skip
+        assert self.version0 is not None
         log.info(
             "promotion gate ready: %d probes (%s), version 0 reward %s, reference NLL %.3f",
             len(self.probes),
@@ -197,19 +214,21 @@ class PromotionGate:
             self.version0.ref_nll,
         )
 
-    def _warn_if_beyond(self, serving: ProbeResult, version0: ProbeResult) -> None:
-        """Say so when the serving version fails a drift bound on a new probe set: it stays
-        served, and candidates close to it will be refused until the next draw."""
-        beyond = self._drift_reasons(serving, version0)
-        if beyond:
-            tenant = self.source.context.tenant
-            log.warning(
-                "the serving version v%d%s is itself beyond the gate's bounds on the new probe "
-                "set (%s): candidates close to it will be refused until the next draw",
-                serving.version,
-                f" of tenant {tenant}" if tenant else "",
-                "; ".join(beyond),
-            )
+    async def _probe_baselines(self, policy: Policy, serving_version: int) -> list[str]:
+        """Probe version 0 and the serving version on the set; the drift bounds the serving
+        version itself is beyond on it (it stays served; candidates close to it are refused)."""
+        self.version0 = await self.probe(policy, 0)
+        self.accepted(self.version0)
+        if serving_version == 0:
+            return []
+        serving = await self.probe(policy, serving_version)
+        self.accepted(serving)
+        return self._drift_reasons(serving, self.version0)
+
+    @property
+    def _whose(self) -> str:
+        tenant = self.source.context.tenant
+        return f" of tenant {tenant}" if tenant else ""
 
     def decide(self, candidate: ProbeResult) -> GateVerdict:
         """Accept unless the candidate regresses in reward or drifts too far (reasons given)."""

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import random
 from importlib.metadata import entry_points
+from typing import Any
 
 from liveloop import bus
 from liveloop.config import ConfigError
@@ -57,23 +58,39 @@ class ServedPrompts(ProbeSource):
 
     async def draw(self) -> list[Probe]:
         """Up to `served_probes` distinct recent requests, sampled with the gate's seed."""
+        candidates = await self._recent()
+        count = min(self.context.gate.served_probes, len(candidates))
+        drawn = random.Random(self.context.gate.seed).sample(candidates, count)
+        log.info("gate probes: %d served requests drawn from %d", len(drawn), len(candidates))
+        return drawn
+
+    async def draw_more(self, taken: list[Probe]) -> list[Probe]:
+        """Up to `served_probes` more distinct recent requests, none of them in `taken`."""
+        known = {_request_key(p.messages, p.tools) for p in taken}
+        candidates = [
+            p for p in await self._recent() if _request_key(p.messages, p.tools) not in known
+        ]
+        count = min(self.context.gate.served_probes, len(candidates))
+        drawn = random.Random(self.context.gate.seed + 1).sample(candidates, count)
+        log.info("gate probes: %d more served requests drawn from %d", len(drawn), len(candidates))
+        return drawn
+
+    async def _recent(self) -> list[Probe]:
+        """The distinct requests among the newest `served_scan` turns this source may use."""
         client = self.context.redis
         if client is None:
             raise RuntimeError("the served probe source needs the stream bus")
-        gate = self.context.gate
-        entries = await client.xrevrange(bus.stream_key(bus.TURNS), count=gate.served_scan)
+        entries = await client.xrevrange(
+            bus.stream_key(bus.TURNS), count=self.context.gate.served_scan
+        )
         seen: dict[str, Probe] = {}
         for turn in bus.decode_entries(entries or [], TurnRecord):
             if not self._eligible(turn):
                 continue
-            key = repr((turn.messages, turn.tools))
+            key = _request_key(turn.messages, turn.tools)
             if key not in seen:  # the newest of repeated requests; its topic read once
                 seen[key] = served_probe(turn)
-        candidates = list(seen.values())
-        count = min(gate.served_probes, len(candidates))
-        drawn = random.Random(gate.seed).sample(candidates, count)
-        log.info("gate probes: %d served requests drawn from %d", len(drawn), len(candidates))
-        return drawn
+        return list(seen.values())
 
     def fell_short(self, probes: list[Probe]) -> bool:
         """Fewer than `served_probes`: too little traffic had been served when drawn."""
@@ -82,6 +99,11 @@ class ServedPrompts(ProbeSource):
     def _eligible(self, turn: TurnRecord) -> bool:
         tenant = self.context.tenant
         return turn.turn_type == "main" and (tenant is None or turn.tenant == tenant)
+
+
+def _request_key(messages: Any, tools: Any) -> str:
+    """What makes two served requests the same probe."""
+    return repr((messages, tools))
 
 
 def served_probe(turn: TurnRecord) -> Probe:
