@@ -4,7 +4,8 @@ Prints, per version: whether it was served or refused by the promotion gate, and
 quality on the traffic it served (mean judged reward, share the judges could not score,
 reply words, distinct-2, reference NLL per token, KL to the reference) and on the gate's
 probes (reward, reference NLL, topic rate). `--tenant KEY_ID` keeps one tenant's adapter
-versions (tenant scope), beside version 0, the base it is compared with. `--version V` (or `--held-out`) then also
+versions (tenant scope), beside version 0, the base it is compared with, measured on that
+tenant's served traffic alone. `--version V` (or `--held-out`) then also
 replays held-out simulated users against one version (`liveloop.demo.heldout.run_eval`).
 """
 
@@ -33,9 +34,9 @@ COLUMNS = (
 
 def quality_rows(db_url: str, tenant: str | None = None) -> list[dict[str, Any]]:
     """One row per version known to the registry: status, served and probe measures
-    (with `tenant`, that tenant's versions only, and version 0)."""
+    (with `tenant`, that tenant's versions only, and version 0 on its traffic)."""
     with Registry.open(db_url) as registry:
-        stored = {q.version: q for q in registry.version_quality()}
+        stored = {q.version: q for q in registry.version_quality(tenant)}
         infos = {v.version: v for v in registry.list_model_versions(limit=100_000, tenant=tenant)}
     versions = set(stored) | set(infos)
     if tenant is not None:

@@ -206,6 +206,7 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
         path = server.data_dir / "checkpoints" / "tenants" / A / "v8"
         reg.add_model_version(8, str(path), None, adapter=A, tenant=A)
         reg.upsert_session(session_a, A)
+        reg.record_version_quality(0, served={"judged": 1}, tenant=A)  # the base on A's turns
     await asyncio.to_thread(_ask, server, B, "archived too")
     await _collect(server, [await asyncio.to_thread(_turn_of, server, "archived too")])
     sync = redis.Redis.from_url(server.redis_url, decode_responses=True)
@@ -242,6 +243,7 @@ async def test_a_deleted_tenant_leaves_nothing_while_others_keep_serving(
     assert not (server.data_dir / "checkpoints" / "tenants" / A).exists()
     with Registry.open(settings.effective_db_url) as reg:
         assert reg.list_model_versions(tenant=A) == [] and reg.get_session(session_a) is None
+        assert [q.version for q in reg.version_quality(A)] == []
     archived = [f for _id, f in Archive(archive).entries(bus.stream_key(bus.TURNS))]
     assert archived and not any(A in str(f["data"]) for f in archived)
     assert any(B in str(f["data"]) for f in archived)  # B's records stay

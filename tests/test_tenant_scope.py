@@ -21,6 +21,7 @@ from liveloop.collector.loop import Collector
 from liveloop.collector.writer import BatchWriter
 from liveloop.config import ConfigError, load_settings
 from liveloop.contracts import TrainingBatch, TurnRecord, WeightsAnnouncement
+from liveloop.evaluation import quality_rows
 from liveloop.registry import Registry
 from liveloop.tenants import tenant_lag
 from liveloop.trainer.tenants import TenantTrainer
@@ -328,6 +329,15 @@ async def test_a_tenants_adapter_is_watched_against_the_base_on_its_own_turns(
     watch = second.lanes["ta"].guards.watch
     assert watch is not None and watch.rollbacks == 0
     assert [(g.version, g.mean) for g in watch.good] == [(0, -1.0), (1, -1.0)]
+    # `liveloop eval --tenant` shows the same: version 0 on a's turns, beside a's adapter.
+    db_url = s.shared().effective_db_url
+    rows = {row["version"]: row["served"] for row in quality_rows(db_url, "ta")}
+    assert sorted(rows) == [0, 1] and rows[0]["judged"] == 10
+    assert rows[0]["mean_reward"] == rows[1]["mean_reward"] == -1.0
+    assert {row["version"]: row["served"]["mean_reward"] for row in quality_rows(db_url, "tb")
+            if row["version"] == 0} == {0: 0.75}  # fmt: skip
+    [everyone] = [row["served"] for row in quality_rows(db_url) if row["version"] == 0]
+    assert everyone["judged"] == 30 and everyone["mean_reward"] == pytest.approx(1 / 6)
 
 
 def load_peft_weights_of(path: Path) -> dict[str, torch.Tensor]:

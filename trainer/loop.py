@@ -204,7 +204,9 @@ class Trainer:
         registry = await asyncio.to_thread(Registry.open, self.shared.effective_db_url)
         run_id = await asyncio.to_thread(registry.start_run, "train", self._run_config())
         self.quality = QualityStore(client)
-        reporter = QualityReporter(self.quality, registry, self.metrics.registry)
+        reporter = QualityReporter(
+            self.quality, registry, self.metrics.registry, tenants=self._reported_tenants
+        )
         reporting = asyncio.create_task(reporter.run(self.cfg.quality_interval_s))
         status = "failed"
         try:
@@ -335,6 +337,10 @@ class Trainer:
         """Whether `item` is trained here (tenant scope: the batch's tenant's adapter is
         made the one trained first); a batch not taken must be acknowledged here."""
         return True
+
+    def _reported_tenants(self) -> list[str]:
+        """Tenants whose base-served turns the quality reporter stores apart (tenant scope)."""
+        return []
 
     def _lag(self) -> Callable[[BatchSample], int] | None:
         """How a sample's staleness is measured (None: versions behind `self.version`)."""

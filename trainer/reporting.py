@@ -4,13 +4,15 @@ The judging loop and the trainer count per-version figures in Redis
 (`liveloop.quality.QualityStore`); this reporter, run by the trainer, reads them every few
 seconds, sets `liveloop_quality{version, measure}` for the newest versions, and stores
 every version's measures in the registry's `version_quality` table, where `liveloop eval`
-and the demo report find them.
+and the demo report find them. In tenant scope it also stores version 0's measures on each
+trained tenant's own traffic (`liveloop eval --tenant` shows them beside its adapters).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterable
 
 import redis
 from prometheus_client import CollectorRegistry, Gauge
@@ -27,9 +29,16 @@ MEASURES = ("mean_reward", "unscored_share", "mean_reply_words", "distinct_2", "
 class QualityReporter:
     """Mirrors the per-version quality counters to metrics and to the registry."""
 
-    def __init__(self, store: QualityStore, registry: Registry, metrics: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        store: QualityStore,
+        registry: Registry,
+        metrics: CollectorRegistry,
+        tenants: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
         self.store = store
         self.registry = registry
+        self.tenants = tenants  # whose base-served turns to store apart (tenant scope)
         self.gauge = Gauge(
             "liveloop_quality",
             "Quality of a policy version on the turns it served, by measure: mean judged "
@@ -46,6 +55,7 @@ class QualityReporter:
         )
         self._exported: set[int] = set()
         self._stored: dict[int, VersionQuality] = {}
+        self._stored_bases: dict[str, VersionQuality] = {}
 
     async def run(self, interval_s: float) -> None:
         """Report every `interval_s` until cancelled; errors are logged, never fatal."""
@@ -70,8 +80,24 @@ class QualityReporter:
                     served=quality.model_dump(),
                 )
                 self._stored[quality.version] = quality
+            await self._store_tenant_bases()
         except RegistryError as exc:
             log.warning("cannot store version quality: %s", exc)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("cannot read quality counters: %s", exc)
+
+    async def _store_tenant_bases(self) -> None:
+        """Version 0's measures on each tenant's own turns, where they changed."""
+        for tenant in list(self.tenants()):
+            [base] = await self.store.read([0], tenant=tenant)
+            if base.judged + base.unscored + base.ref_tokens == 0 or (
+                self._stored_bases.get(tenant) == base
+            ):
+                continue
+            await asyncio.to_thread(
+                self.registry.record_version_quality, 0, served=base.model_dump(), tenant=tenant
+            )
+            self._stored_bases[tenant] = base
 
     def _export(self, newest: list[VersionQuality]) -> None:
         keep = {q.version for q in newest}

@@ -264,6 +264,9 @@ class TenantTrainer(Trainer):
     def _lag(self) -> Callable[[BatchSample], int] | None:
         return self._active().lag
 
+    def _reported_tenants(self) -> list[str]:
+        return list(self.lanes)
+
     def _active(self) -> TenantLane:
         if self.lane is None:
             raise RuntimeError("no tenant's adapter is being trained")

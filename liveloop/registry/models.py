@@ -76,6 +76,21 @@ class VersionQuality(Base):
     probe: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
+class TenantBaseQuality(Base):
+    """Quality of version 0, the base, on one tenant's traffic alone (tenant scope).
+
+    The base serves every tenant without an adapter, so its `version_quality` row mixes all
+    tenants; a tenant's adapter is compared with this one.
+    """
+
+    __tablename__ = "tenant_base_quality"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    served: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    probe: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
 class ChatSession(Base):
     """A conversation seen by the server, with its turn counters and latest score."""
 

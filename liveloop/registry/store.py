@@ -32,7 +32,14 @@ from liveloop.registry.info import (
     VersionQualityInfo,
 )
 from liveloop.registry.migrate import make_engine, sqlite_file, upgrade_to_head
-from liveloop.registry.models import ChatSession, ModelVersion, Run, VersionQuality, utcnow
+from liveloop.registry.models import (
+    ChatSession,
+    ModelVersion,
+    Run,
+    TenantBaseQuality,
+    VersionQuality,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,15 @@ def _run_info(row: Run) -> RunInfo:
         finished_at=_aware(row.finished_at) if row.finished_at else None,
         config=dict(row.config or {}),
         status=row.status,
+    )
+
+
+def _quality_info(version: int, row: VersionQuality | TenantBaseQuality) -> VersionQualityInfo:
+    return VersionQualityInfo(
+        version=version,
+        updated_at=_aware(row.updated_at),
+        served=dict(row.served) if row.served is not None else None,
+        probe=dict(row.probe) if row.probe is not None else None,
     )
 
 
@@ -293,16 +309,22 @@ class Registry:
         *,
         served: dict[str, Any] | None = None,
         probe: dict[str, Any] | None = None,
+        tenant: str | None = None,
     ) -> None:
-        """Store a version's measures on served traffic and/or on the gate's probes."""
+        """Store a version's measures on served traffic and/or on the gate's probes (with
+        `tenant`, version 0's on that tenant's traffic alone)."""
         with self._guard("record_version_quality"):
             for _attempt in range(3):
                 try:
                     with self._tx() as session:
-                        row = session.get(VersionQuality, version)
-                        if row is None:
-                            row = VersionQuality(version=version)
-                            session.add(row)
+                        row: VersionQuality | TenantBaseQuality | None
+                        if tenant is not None and version == 0:
+                            row = session.get(TenantBaseQuality, tenant)
+                            row = row or TenantBaseQuality(tenant=tenant)
+                        else:
+                            row = session.get(VersionQuality, version)
+                            row = row or VersionQuality(version=version)
+                        session.add(row)
                         if served is not None:
                             row.served = _json_dict(served)
                         if probe is not None:
@@ -312,19 +334,19 @@ class Registry:
                 except IntegrityError:
                     continue  # created concurrently: update it on the next attempt
 
-    def version_quality(self) -> list[VersionQualityInfo]:
-        """The stored measures of every version, oldest first."""
+    def version_quality(self, tenant: str | None = None) -> list[VersionQualityInfo]:
+        """The stored measures of every version, oldest first; with `tenant`, version 0's
+        are those on that tenant's traffic (none stored yet: no version 0 row)."""
         query = select(VersionQuality).order_by(VersionQuality.version)
         with self._guard("version_quality"), self._tx() as session:
-            return [
-                VersionQualityInfo(
-                    version=row.version,
-                    updated_at=_aware(row.updated_at),
-                    served=dict(row.served) if row.served is not None else None,
-                    probe=dict(row.probe) if row.probe is not None else None,
-                )
-                for row in session.scalars(query)
-            ]
+            rows: list[tuple[int, VersionQuality | TenantBaseQuality]]
+            rows = [(row.version, row) for row in session.scalars(query)]
+            if tenant is not None:
+                base = session.get(TenantBaseQuality, tenant)
+                rows = [r for r in rows if r[0] != 0]
+                if base is not None:
+                    rows.insert(0, (0, base))
+            return [_quality_info(version, row) for version, row in rows]
 
     def set_model_version_status(
         self, version: int, status: VersionStatus, reason: str | None
@@ -342,8 +364,8 @@ class Registry:
             session.execute(delete(ModelVersion).where(ModelVersion.version == version))
 
     def delete_tenant(self, tenant: str) -> dict[str, int]:
-        """Forget everything recorded of one tenant: its versions, their quality, its
-        sessions. Returns how many rows of each went; a tenant never seen: all zero."""
+        """Forget everything recorded of one tenant: its versions, their quality, the base's
+        quality on its traffic, its sessions. Returns how many rows of each went; a tenant never seen: all zero."""
         with self._guard("delete_tenant"), self._tx() as session:
             versions = list(
                 session.scalars(select(ModelVersion.version).where(ModelVersion.tenant == tenant))
@@ -352,6 +374,7 @@ class Registry:
                 session.execute(delete(VersionQuality).where(VersionQuality.version.in_(versions)))
                 session.execute(delete(ModelVersion).where(ModelVersion.version.in_(versions)))
             gone = session.execute(delete(ChatSession).where(ChatSession.tenant == tenant))
+            session.execute(delete(TenantBaseQuality).where(TenantBaseQuality.tenant == tenant))
         return {"versions": len(versions), "sessions": int(getattr(gone, "rowcount", 0) or 0)}
 
     # -- sessions -----------------------------------------------------------------------
