@@ -132,6 +132,33 @@ def test_a_fall_in_served_reward_does_not_wait_for_the_tokens_to_be_measured() -
     assert [s.version for s in watch.good] == [0]  # v1 is not good until its tokens are
 
 
+def test_versions_replaced_before_their_turns_are_in_are_compared_together() -> None:
+    """A tenant's adapter versions each serve a few turns before the next: no one of them
+    has min_turns, but the newest together do, and a fall of theirs is rolled back."""
+    settings = WatchSettings(min_turns=20, reward_margin=0.3, z=2.33)
+    watch = ServedWatch(settings, [0], lambda v: True, whose=" of tenant ta")
+    for version in (2, 5, 7, 9):
+        watch.went_live(version)
+    found = {0: served(0, 30, -0.4, 0.6), 2: served(2, 9, -0.5, 0.5), 5: served(5, 8, -0.2, 0.6)}
+    assert watch.check(found) is None  # 17 turns of v2 and v5 together: too few to tell
+    assert watch.pending == [2, 5, 7, 9] and watch.stages()[5] is Stage.WAITING
+    found |= {7: served(7, 7, -0.9, 0.3), 9: served(9, 6, -1.0, 0.0)}
+    assert watch.check(found) is None  # v5, v7 and v9: 21 turns, -0.662, inside the margin
+    found[9] = served(9, 13, -1.0, 0.0)  # 20 together, 0.57 below v0, z = 4.6
+    rollback = watch.check(found)
+    assert rollback is not None
+    assert (rollback.target, rollback.culprit, rollback.abandoned) == (0, 7, [2, 5, 7, 9])
+    assert rollback.reason.startswith(
+        "served reward of v7, v9 together -0.965 over 20 turns is below the last good "
+        "versions' (v0: -0.400 over 30 turns) by 0.565"
+    )
+    # The same turns no worse than v0's: no rollback, and none of them is judged good.
+    calm = ServedWatch(settings, [0, 2, 5, 7, 9], lambda v: True)
+    level = {v: served(v, 8, -0.45, 0.6) for v in (2, 5, 7, 9)}
+    assert calm.check({0: found[0], **level}) is None
+    assert [s.version for s in calm.good] == [0] and calm.pending == [2, 5, 7, 9]
+
+
 def test_a_version_pruned_before_the_watch_judged_it_keeps_its_registry_row(
     tmp_path: Path,
 ) -> None:

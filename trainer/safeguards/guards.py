@@ -118,7 +118,7 @@ class Safeguards:
             return
         drift = bool(self.cfg.kl_coef) or self.cfg.measure_drift
         drift = drift and model_defaults(self.shared.model).has_language
-        self.watch = ServedWatch.resume(self.cfg.watch, store, state, drift=drift)
+        self.watch = ServedWatch.resume(self.cfg.watch, store, state, drift=drift, whose=self.whose)
 
     # -- decisions --------------------------------------------------------------------------
 

@@ -19,7 +19,12 @@ only when it trains on them, a few versions later); measured; and finally judged
 bad, or skipped. The reward check does not wait for the measurement: a version whose turns
 show a fall is rolled back as soon as they do. A version with its turns in is judged on
 them alone once a later version is measured, and one still waiting for its turns then is
-skipped (it was replaced before it served enough to judge). Until a version is measured,
+skipped (it was replaced before it served enough to judge). Versions replaced that fast
+would never be looked at (a tenant's adapter, which serves one tenant's traffic, often
+serves fewer than `min_turns` turns before its next version): so the newest live versions
+are also compared together, as one, as soon as their turns add up to `min_turns`, and a
+fall of theirs rolls back to the newest good version like a single version's would (they
+are not judged good together; each still waits for its own turns). Until a version is measured,
 its reward is compared again at every look (as its turns grow), which makes a needless
 rollback a little likelier than the single test's `z` says. After a restart the watch
 starts again from the current version's ancestors whose checkpoints are still on disk.
@@ -105,8 +110,10 @@ class ServedWatch:
         loadable: Callable[[int], bool],
         *,
         drift: bool = False,
+        whose: str = "",
     ) -> None:
         self.cfg = cfg
+        self.whose = whose  # " of tenant <id>" in tenant scope, for log lines
         self.loadable = loadable  # whether a version's weights are still there to go back to
         # The reference-NLL bound: only where served drift is measured and means something.
         self.max_nll_ratio = cfg.max_nll_ratio if drift else None
@@ -117,7 +124,13 @@ class ServedWatch:
 
     @classmethod
     def resume(
-        cls, cfg: WatchSettings, store: CheckpointStore, state: TrainerState, *, drift: bool
+        cls,
+        cfg: WatchSettings,
+        store: CheckpointStore,
+        state: TrainerState,
+        *,
+        drift: bool,
+        whose: str = "",
     ) -> ServedWatch:
         """A watch of the current version and its last few ancestors still on disk."""
 
@@ -128,7 +141,7 @@ class ServedWatch:
         while parent is not None and len(chain) <= cfg.lookback and loadable(parent):
             chain.append(parent)
             parent = store.load_state(parent).parent if parent else None
-        return cls(cfg, reversed(chain), loadable, drift=drift)
+        return cls(cfg, reversed(chain), loadable, drift=drift, whose=whose)
 
     @property
     def pending(self) -> list[int]:
@@ -196,7 +209,7 @@ class ServedWatch:
         candidate = Served.of(watched.quality)
         fell = self._compare(candidate) or self._drifted(watched.quality)
         if fell is None:
-            log.info("watch: v%d good: %s", watched.version, _short(watched.quality))
+            log.info("watch: v%d%s good: %s", watched.version, self.whose, _short(watched.quality))
             self.good.append(candidate)
             self._settle(Stage.GOOD)
             return None
@@ -210,8 +223,8 @@ class ServedWatch:
         """The oldest live version has its verdict; it leaves the list."""
         watched = self.live.pop(0)
         if stage is Stage.SKIPPED:
-            log.info("watch: v%d skipped, a later version is ready first: %s",
-                     watched.version, _short(watched.quality))  # fmt: skip
+            log.info("watch: v%d%s skipped, a later version is ready first: %s",
+                     watched.version, self.whose, _short(watched.quality))  # fmt: skip
 
     def _fell_early(self) -> Rollback | None:
         """A rollback for a live version whose served reward already fell, before its
@@ -223,7 +236,27 @@ class ServedWatch:
             rollback = self._rollback(watched.version, fell) if fell else None
             if rollback is not None:
                 return rollback
-        return None
+        return self._newest_fell()
+
+    def _newest_fell(self) -> Rollback | None:
+        """A rollback when the newest live versions, none with `min_turns` judged turns of
+        its own but together with that many, served worse than the good versions."""
+        newest: list[Served] = []
+        for watched in reversed(self.live):
+            quality = watched.quality
+            if quality is not None and quality.mean_reward is not None and quality.judged:
+                newest.insert(0, Served.of(quality))
+            if sum(s.judged for s in newest) >= self.cfg.min_turns:
+                break
+        else:
+            return None  # too few turns yet, all of them together
+        if len(newest) < 2:
+            return None  # the newest version has enough of its own: compared alone
+        mean, sd, count = pooled(newest)
+        together = Served(newest[0].version, count, mean, sd)
+        names = ", ".join(f"v{s.version}" for s in newest)
+        fell = self._compare(together, f"of {names} together {mean:+.3f} over {count} turns")
+        return self._rollback(newest[0].version, fell) if fell else None
 
     def _measured(self, quality: VersionQuality) -> bool:
         """Its served replies' reference NLL is read over enough of them: `min_ref_tokens`
@@ -247,7 +280,7 @@ class ServedWatch:
             f"{quality.ref_tokens} tokens) > {bound:g} x version 0's {base:.3f}"
         )
 
-    def _compare(self, candidate: Served) -> str | None:
+    def _compare(self, candidate: Served, described: str | None = None) -> str | None:
         """Why the candidate's served reward fell below the good versions', or None."""
         if not self.good:
             return None
@@ -259,7 +292,7 @@ class ServedWatch:
             return None
         names = ", ".join(f"v{s.version}" for s in self.good)
         return (
-            f"served reward {candidate.describe()} is below the last good versions' "
+            f"served reward {described or candidate.describe()} is below the last good versions' "
             f"({names}: {mean:+.3f} over {count} turns) by {gap:.3f} (> "
             f"{self.cfg.reward_margin:g}, and {z:.1f} > {self.cfg.z:g} standard errors)"
         )
