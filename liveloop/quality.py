@@ -122,7 +122,7 @@ class QualityStore:
         """Count one finished turn on a pipeline (`score` None: the judges could not score
         it); a turn of version 0 is counted under its `tenant` too."""
         pipe.zadd(keys.QUALITY_VERSIONS, {str(version): version})
-        for counters, bigrams in _counter_keys(version, tenant, both=True):
+        for counters, bigrams in _written_keys(version, tenant):
             _queue_counts(pipe, counters, bigrams, score, reply)
 
     async def add_drift(self, drift: dict[int, DriftSums], tenant: str | None = None) -> None:
@@ -133,7 +133,7 @@ class QualityStore:
         async with self.client.pipeline(transaction=False) as pipe:
             for version, sums in drift.items():
                 pipe.zadd(keys.QUALITY_VERSIONS, {str(version): version})
-                for key, _bigrams in _counter_keys(version, tenant, both=True):
+                for key, _bigrams in _written_keys(version, tenant):
                     pipe.hincrby(key, "ref_tokens", sums.tokens)
                     pipe.hincrby(key, "ref_replies", sums.replies)
                     pipe.hincrbyfloat(key, "ref_nll_sum", sums.nll_sum)
@@ -154,7 +154,7 @@ class QualityStore:
             versions = await self.versions()
         async with self.client.pipeline(transaction=False) as pipe:
             for version in versions:
-                [(counters, bigrams)] = _counter_keys(version, tenant, both=False)
+                counters, bigrams = _read_keys(version, tenant)
                 pipe.hgetall(counters)
                 pipe.pfcount(bigrams)
             replies = await pipe.execute()
@@ -164,14 +164,18 @@ class QualityStore:
         ]
 
 
-def _counter_keys(version: int, tenant: str | None, *, both: bool) -> list[tuple[str, str]]:
-    """The (counters, bigrams) keys a turn of `version` and `tenant` is counted in or read
-    from: the version's; for version 0 with a tenant, the tenant's (`both`: and the version's)."""
-    version_keys = (keys.quality_counters(version), keys.quality_bigrams(version))
-    if version != 0 or not tenant:
-        return [version_keys]
-    tenant_keys = (keys.tenant_base_quality(tenant), keys.tenant_base_bigrams(tenant))
-    return [version_keys, tenant_keys] if both else [tenant_keys]
+def _read_keys(version: int, tenant: str | None) -> tuple[str, str]:
+    """The (counters, bigrams) keys of `version`: for version 0 with a tenant, the tenant's."""
+    if version == 0 and tenant:
+        return keys.tenant_base_quality(tenant), keys.tenant_base_bigrams(tenant)
+    return keys.quality_counters(version), keys.quality_bigrams(version)
+
+
+def _written_keys(version: int, tenant: str | None) -> list[tuple[str, str]]:
+    """Where a turn of `version` and `tenant` is counted: the version's keys, and for
+    version 0 with a tenant, the tenant's too."""
+    own = (keys.quality_counters(version), keys.quality_bigrams(version))
+    return [own, _read_keys(version, tenant)] if version == 0 and tenant else [own]
 
 
 def _queue_counts(

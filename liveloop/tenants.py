@@ -35,6 +35,11 @@ def tenant_id(api_key: str | None) -> str:
     return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
+def of_tenant(tenant: str | None) -> str:
+    """ " of tenant <id>" for log lines about a tenant's versions; "" outside tenant scope."""
+    return f" of tenant {tenant}" if tenant else ""
+
+
 def valid_tenant(tenant: str | None) -> bool:
     """Whether `tenant` can name an adapter and a directory (an API key id always can)."""
     return tenant is not None and NAME.match(tenant) is not None

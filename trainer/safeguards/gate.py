@@ -41,6 +41,7 @@ from liveloop.prm.metrics import PrmMetrics
 from liveloop.prm.panel import JudgePanel
 from liveloop.probe_sources import Probe, ProbeSource
 from liveloop.sense import SenseCheck
+from liveloop.tenants import of_tenant
 from liveloop.trainer.policy import Policy
 from liveloop.trainer.safeguards.probing import (
     ProbeResult,
@@ -227,8 +228,7 @@ class PromotionGate:
 
     @property
     def _whose(self) -> str:
-        tenant = self.source.context.tenant
-        return f" of tenant {tenant}" if tenant else ""
+        return of_tenant(self.source.context.tenant)
 
     def decide(self, candidate: ProbeResult) -> GateVerdict:
         """Accept unless the candidate regresses in reward or drifts too far (reasons given)."""

@@ -25,6 +25,7 @@ from liveloop.config.defaults import model_defaults
 from liveloop.prm.sense import LLMSenseCheck
 from liveloop.probe_sources import ProbeContext
 from liveloop.quality import QualityStore
+from liveloop.tenants import of_tenant
 from liveloop.trainer.checkpoints import CheckpointStore, TrainerState
 from liveloop.trainer.metrics import TrainerMetrics
 from liveloop.trainer.safeguards.decisions import Decision, Rollback, Verdict
@@ -66,7 +67,7 @@ class Safeguards:
     @property
     def whose(self) -> str:
         """Whose versions these are, for log lines: "of tenant <id>" in tenant scope."""
-        return f" of tenant {self.tenant}" if self.tenant else ""
+        return of_tenant(self.tenant)
 
     @property
     def gated(self) -> bool:

@@ -58,11 +58,7 @@ class ServedPrompts(ProbeSource):
 
     async def draw(self) -> list[Probe]:
         """Up to `served_probes` distinct recent requests, sampled with the gate's seed."""
-        candidates = await self._recent()
-        count = min(self.context.gate.served_probes, len(candidates))
-        drawn = random.Random(self.context.gate.seed).sample(candidates, count)
-        log.info("gate probes: %d served requests drawn from %d", len(drawn), len(candidates))
-        return drawn
+        return self._sample(await self._recent(), self.context.gate.seed, "")
 
     async def draw_more(self, taken: list[Probe]) -> list[Probe]:
         """Up to `served_probes` more distinct recent requests, none of them in `taken`."""
@@ -70,9 +66,15 @@ class ServedPrompts(ProbeSource):
         candidates = [
             p for p in await self._recent() if _request_key(p.messages, p.tools) not in known
         ]
+        return self._sample(candidates, self.context.gate.seed + 1, "more ")
+
+    def _sample(self, candidates: list[Probe], seed: int, more: str) -> list[Probe]:
+        """Up to `served_probes` of the candidates, sampled with `seed`."""
         count = min(self.context.gate.served_probes, len(candidates))
-        drawn = random.Random(self.context.gate.seed + 1).sample(candidates, count)
-        log.info("gate probes: %d more served requests drawn from %d", len(drawn), len(candidates))
+        drawn = random.Random(seed).sample(candidates, count)
+        log.info(
+            "gate probes: %d %sserved requests drawn from %d", len(drawn), more, len(candidates)
+        )
         return drawn
 
     async def _recent(self) -> list[Probe]:

@@ -242,11 +242,13 @@ class ServedWatch:
         """A rollback when the newest live versions, none with `min_turns` judged turns of
         its own but together with that many, served worse than the good versions."""
         newest: list[Served] = []
+        turns = 0
         for watched in reversed(self.live):
             quality = watched.quality
             if quality is not None and quality.mean_reward is not None and quality.judged:
                 newest.insert(0, Served.of(quality))
-            if sum(s.judged for s in newest) >= self.cfg.min_turns:
+                turns += quality.judged
+            if turns >= self.cfg.min_turns:
                 break
         else:
             return None  # too few turns yet, all of them together
