@@ -159,6 +159,34 @@ def test_versions_replaced_before_their_turns_are_in_are_compared_together() -> 
     assert [s.version for s in calm.good] == [0] and calm.pending == [2, 5, 7, 9]
 
 
+def test_a_base_replaced_before_its_turns_were_in_is_still_the_baseline() -> None:
+    """A tenant's base serves it only until its first adapter: with min_base_turns it is
+    compared with, not skipped; with fewer the first version is taken as good unchecked."""
+    settings = WatchSettings(min_turns=20, min_base_turns=8, reward_margin=0.3, z=2.33)
+    base = served(0, 9, -0.2, 0.6)
+    watch = ServedWatch(settings, [0, 1], lambda v: True, whose=" of tenant ta")
+    assert watch.check({0: base, 1: served(1, 12, -0.9, 0.3)}) is None  # v1's turns not in
+    assert watch.pending == [0, 1] and not watch.good
+    rollback = watch.check({0: base, 1: served(1, 24, -0.9, 0.3)})  # 0.7 below, z = 3.3
+    assert rollback is not None and (rollback.target, rollback.culprit) == (0, 1)
+    assert "(v0: -0.200 over 9 turns) by 0.700" in rollback.reason
+    assert [s.version for s in watch.good] == [0]
+
+    # Versions each too short-lived for min_turns, together past it: the base is taken too.
+    brief = ServedWatch(settings, [0, 1, 2], lambda v: True)
+    rollback = brief.check({0: base, 1: served(1, 10, -1.0, 0.0), 2: served(2, 10, -1.0, 0.0)})
+    assert rollback is not None and (rollback.target, rollback.culprit) == (0, 1)
+
+    level = ServedWatch(settings, [0, 1], lambda v: True)
+    assert level.check({0: base, 1: served(1, 24, -0.3, 0.6)}) is None
+    assert [s.version for s in level.good] == [0, 1] and level.pending == []
+
+    # Fewer than min_base_turns: too few to stand for the base; v1 passes unchecked.
+    thin = ServedWatch(settings, [0, 1], lambda v: True)
+    assert thin.check({0: served(0, 5, +0.6, 0.5), 1: served(1, 24, -0.9, 0.3)}) is None
+    assert [s.version for s in thin.good] == [1]
+
+
 def test_a_version_pruned_before_the_watch_judged_it_keeps_its_registry_row(
     tmp_path: Path,
 ) -> None:

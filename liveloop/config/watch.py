@@ -24,6 +24,15 @@ class WatchSettings(Section):
         description="Judged served turns a version needs before it is compared (a version "
         "replaced before it had them is skipped once a later one has them).",
     )
+    min_base_turns: int = Field(
+        8,
+        ge=2,
+        description="Judged served turns that make version 0 (the base) the baseline although "
+        "it has fewer than min_turns, once the versions after it have min_turns: a tenant's base "
+        "serves that tenant only until its first adapter, often fewer than min_turns turns. "
+        "The z test weighs how few they are. With fewer, the base is skipped and the first "
+        "version judged is taken as good with nothing to compare it with.",
+    )
     reward_margin: float = Field(
         0.3,
         ge=0,

@@ -19,7 +19,10 @@ only when it trains on them, a few versions later); measured; and finally judged
 bad, or skipped. The reward check does not wait for the measurement: a version whose turns
 show a fall is rolled back as soon as they do. A version with its turns in is judged on
 them alone once a later version is measured, and one still waiting for its turns then is
-skipped (it was replaced before it served enough to judge). Versions replaced that fast
+skipped (it was replaced before it served enough to judge), except version 0: a tenant's base
+serves that tenant only until its first adapter, often fewer than `min_turns` turns, so with
+`min_base_turns` it becomes the baseline once the later versions have `min_turns` (the z
+test weighs how few they are). Versions replaced that fast
 would never be looked at (a tenant's adapter, which serves one tenant's traffic, often
 serves fewer than `min_turns` turns before its next version): so the newest live versions
 are also compared together, as one, as soon as their turns add up to `min_turns`, and a
@@ -184,6 +187,8 @@ class ServedWatch:
             watched.stage = self._stage(watched.quality)
         while self.live:
             watched = self.live[0]
+            if self._base_taken_short(watched):
+                continue
             later_ready = any(w.stage is Stage.MEASURED for w in self.live[1:])
             if watched.stage is Stage.WAITING and later_ready:
                 self._settle(Stage.SKIPPED)
@@ -197,6 +202,26 @@ class ServedWatch:
                 return rollback
         return None
 
+    def _base_taken_short(self, watched: Watched) -> bool:
+        """Version 0, replaced before it had `min_turns` judged turns, becomes the baseline
+        on `min_base_turns` once the later versions have `min_turns` (no more will come)."""
+        quality = watched.quality
+        if watched.version != 0 or quality is None or quality.mean_reward is None:
+            return False
+        short_base = (
+            watched.stage is Stage.WAITING
+            and not self.good
+            and quality.judged >= self.cfg.min_base_turns
+            and sum(w.quality.judged for w in self.live[1:] if w.quality) >= self.cfg.min_turns
+        )
+        if not short_base:
+            return False
+        log.info("watch: v0%s taken as the baseline on fewer than %d turns: %s",
+                 self.whose, self.cfg.min_turns, _short(quality))  # fmt: skip
+        self.good.append(Served.of(quality))
+        self._settle(Stage.GOOD)
+        return True
+
     def _stage(self, quality: VersionQuality | None) -> Stage:
         if quality is None or quality.mean_reward is None or quality.judged < self.cfg.min_turns:
             return Stage.WAITING
@@ -209,7 +234,9 @@ class ServedWatch:
         candidate = Served.of(watched.quality)
         fell = self._compare(candidate) or self._drifted(watched.quality)
         if fell is None:
-            log.info("watch: v%d%s good: %s", watched.version, self.whose, _short(watched.quality))
+            unchecked = "" if self.good or watched.version == 0 else " (nothing to compare with)"
+            log.info("watch: v%d%s good%s: %s",
+                     watched.version, self.whose, unchecked, _short(watched.quality))  # fmt: skip
             self.good.append(candidate)
             self._settle(Stage.GOOD)
             return None
