@@ -40,9 +40,9 @@ def quality_rows(db_url: str, tenant: str | None = None) -> list[dict[str, Any]]
         infos = {v.version: v for v in registry.list_model_versions(limit=100_000, tenant=tenant)}
     versions = set(stored) | set(infos)
     if tenant is not None:
-        if not infos:
+        if not versions - {0}:
             return []
-        versions = set(infos) | {0}
+        versions.add(0)
     rows = []
     for version in sorted(versions):
         info, quality = infos.get(version), stored.get(version)

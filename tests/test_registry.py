@@ -246,6 +246,25 @@ def test_adapter_versions_by_tenant_and_forgetting_a_tenant(registry: Registry) 
     assert registry.delete_tenant("never-seen") == {"versions": 0, "sessions": 0}
 
 
+def test_a_tenants_pruned_versions_keep_their_measures_until_the_tenant_leaves(
+    registry: Registry,
+) -> None:
+    """A version's measures outlive its pruned row, and its probe examples are its tenant's
+    prompts: they name the tenant, show in its versions and go with its deletion."""
+    example = {"examples": [{"question": "A's customer asks about invoices", "reply": "..."}]}
+    for version, tenant in ((2, "tenant-a"), (3, "tenant-b"), (4, "tenant-a")):
+        registry.add_model_version(version, f"/ckpt/{version}", 1, adapter=tenant, tenant=tenant)
+        registry.record_version_quality(version, probe=example)
+    registry.record_version_quality(4, served={"judged": 20})  # its row already names A
+    registry.delete_model_version(2)  # checkpoint pruned
+    registry.delete_model_version(4)
+    assert [q.version for q in registry.version_quality("tenant-a")] == [2, 4]
+    assert [q.version for q in registry.version_quality()] == [2, 3, 4]
+    assert registry.delete_tenant("tenant-a") == {"versions": 0, "sessions": 0}
+    assert [q.version for q in registry.version_quality()] == [3]
+    assert registry.version_quality("tenant-a") == []
+
+
 def test_non_finite_metrics_are_dropped_and_unknown_run_rejected(registry: Registry) -> None:
     registry.add_model_version(1, "/ckpt/1", None, {"loss": float("nan"), "kl": 0.1})
     version = registry.get_model_version(1)

@@ -65,7 +65,9 @@ class ModelVersion(Base):
 class VersionQuality(Base):
     """Quality of a policy version: on the traffic it served, and on the gate's probes.
 
-    Kept apart from `model_versions` so that pruning a checkpoint keeps its measures.
+    Kept apart from `model_versions` so that pruning a checkpoint keeps its measures; so it
+    names the version's tenant itself (its probe examples are that tenant's prompts, which
+    the tenant's deletion must remove after the version's own row is gone).
     """
 
     __tablename__ = "version_quality"
@@ -74,6 +76,7 @@ class VersionQuality(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     served: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     probe: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    tenant: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
 
 
 class TenantBaseQuality(Base):

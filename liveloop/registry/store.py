@@ -324,6 +324,9 @@ class Registry:
                         else:
                             row = session.get(VersionQuality, version)
                             row = row or VersionQuality(version=version)
+                            if row.tenant is None:  # whose version it is, past its own row
+                                recorded = session.get(ModelVersion, version)
+                                row.tenant = recorded.tenant if recorded else None
                         session.add(row)
                         if served is not None:
                             row.served = _json_dict(served)
@@ -335,15 +338,16 @@ class Registry:
                     continue  # created concurrently: update it on the next attempt
 
     def version_quality(self, tenant: str | None = None) -> list[VersionQualityInfo]:
-        """The stored measures of every version, oldest first; with `tenant`, version 0's
-        are those on that tenant's traffic (none stored yet: no version 0 row)."""
+        """The stored measures of every version, oldest first; with `tenant`, that tenant's
+        versions only, and version 0's on its traffic (none stored yet: no version 0 row)."""
         query = select(VersionQuality).order_by(VersionQuality.version)
+        if tenant is not None:
+            query = query.where(VersionQuality.tenant == tenant)
         with self._guard("version_quality"), self._tx() as session:
             rows: list[tuple[int, VersionQuality | TenantBaseQuality]]
             rows = [(row.version, row) for row in session.scalars(query)]
             if tenant is not None:
                 base = session.get(TenantBaseQuality, tenant)
-                rows = [r for r in rows if r[0] != 0]
                 if base is not None:
                     rows.insert(0, (0, base))
             return [_quality_info(version, row) for version, row in rows]
@@ -370,8 +374,11 @@ class Registry:
             versions = list(
                 session.scalars(select(ModelVersion.version).where(ModelVersion.tenant == tenant))
             )
+            whose = VersionQuality.tenant == tenant  # pruned versions' measures too
+            session.execute(
+                delete(VersionQuality).where(whose | VersionQuality.version.in_(versions))
+            )
             if versions:
-                session.execute(delete(VersionQuality).where(VersionQuality.version.in_(versions)))
                 session.execute(delete(ModelVersion).where(ModelVersion.version.in_(versions)))
             gone = session.execute(delete(ChatSession).where(ChatSession.tenant == tenant))
             session.execute(delete(TenantBaseQuality).where(TenantBaseQuality.tenant == tenant))
