@@ -14,7 +14,6 @@ import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any, Self
 
 from sqlalchemy import delete, select, update
@@ -40,6 +39,7 @@ from liveloop.registry.models import (
     VersionQuality,
     utcnow,
 )
+from liveloop.registry.rows import quality_info, run_info, session_info, version_info
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,6 @@ def one_line(exc: BaseException) -> str:
     return f"{type(inner).__name__}: {reason}"
 
 
-def _aware(moment: datetime) -> datetime:
-    """Treat naive datetimes (SQLite) as UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
 def _json_dict(value: dict[str, Any]) -> dict[str, Any]:
     """A JSON-safe copy of a dict (paths and other objects become strings)."""
     result: dict[str, Any] = json.loads(json.dumps(value, default=str))
@@ -83,57 +78,6 @@ def _clean_metrics(metrics: dict[str, float] | None) -> dict[str, float]:
         else:
             log.warning("dropping non-finite metric %s=%r", key, value)
     return cleaned
-
-
-def _run_info(row: Run) -> RunInfo:
-    return RunInfo(
-        id=row.id,
-        kind=row.kind,
-        started_at=_aware(row.started_at),
-        finished_at=_aware(row.finished_at) if row.finished_at else None,
-        config=dict(row.config or {}),
-        status=row.status,
-    )
-
-
-def _quality_info(version: int, row: VersionQuality | TenantBaseQuality) -> VersionQualityInfo:
-    return VersionQualityInfo(
-        version=version,
-        updated_at=_aware(row.updated_at),
-        served=dict(row.served) if row.served is not None else None,
-        probe=dict(row.probe) if row.probe is not None else None,
-    )
-
-
-def _version_info(row: ModelVersion) -> ModelVersionInfo:
-    return ModelVersionInfo(
-        version=row.version,
-        path=row.path,
-        parent=row.parent,
-        created_at=_aware(row.created_at),
-        metrics=dict(row.metrics or {}),
-        run_id=row.run_id,
-        status=VersionStatus(row.status),
-        reason=row.reason,
-        adapter=row.adapter,
-        tenant=row.tenant,
-    )
-
-
-def _session_info(row: ChatSession) -> SessionInfo:
-    return SessionInfo(
-        session_id=row.session_id,
-        tenant=row.tenant,
-        created_at=_aware(row.created_at),
-        last_seen_at=_aware(row.last_seen_at),
-        turns=row.turns,
-        main_turns=row.main_turns,
-        side_turns=row.side_turns,
-        scored_turns=row.scored_turns,
-        score_sum=row.score_sum,
-        last_score=row.last_score,
-        summary=dict(row.summary) if row.summary is not None else None,
-    )
 
 
 class Registry:
@@ -222,7 +166,7 @@ class Registry:
         """The run with this id, or None."""
         with self._guard("get_run"), self._tx() as session:
             row = session.get(Run, run_id)
-            return _run_info(row) if row is not None else None
+            return run_info(row) if row is not None else None
 
     # -- model versions -----------------------------------------------------------------
 
@@ -279,7 +223,7 @@ class Registry:
         """The record of one version, or None."""
         with self._guard("get_model_version"), self._tx() as session:
             row = session.get(ModelVersion, version)
-            return _version_info(row) if row is not None else None
+            return version_info(row) if row is not None else None
 
     def latest_model_version(self, *, accepted_only: bool = True) -> ModelVersionInfo | None:
         """The highest recorded version (by default the highest accepted one), or None."""
@@ -301,7 +245,7 @@ class Registry:
         if tenant is not None:
             query = query.where(ModelVersion.tenant == tenant)
         with self._guard("list_model_versions"), self._tx() as session:
-            return [_version_info(row) for row in session.scalars(query)]
+            return [version_info(row) for row in session.scalars(query)]
 
     def record_version_quality(
         self,
@@ -350,7 +294,7 @@ class Registry:
                 base = session.get(TenantBaseQuality, tenant)
                 if base is not None:
                     rows.insert(0, (0, base))
-            return [_quality_info(version, row) for version, row in rows]
+            return [quality_info(version, row) for version, row in rows]
 
     def set_model_version_status(
         self, version: int, status: VersionStatus, reason: str | None
@@ -462,4 +406,4 @@ class Registry:
         """The record of one session, or None."""
         with self._guard("get_session"), self._tx() as session:
             row = session.get(ChatSession, session_id)
-            return _session_info(row) if row is not None else None
+            return session_info(row) if row is not None else None
