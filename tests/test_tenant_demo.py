@@ -16,7 +16,7 @@ from liveloop.config import load_settings
 from liveloop.contracts import BatchSample, TrainingBatch
 from liveloop.demo.preferences import TOPICS, Question
 from liveloop.demo.report import JudgedTurn
-from liveloop.demo.styles import make_tenants
+from liveloop.demo.styles import house_style, make_tenants
 from liveloop.demo.tenant_report import ScopeRun, headline, matrix, write_tenant_report
 from liveloop.demo.tenants import _tenant_id, isolation_checks
 from liveloop.valkey import free_port
@@ -45,6 +45,16 @@ def test_the_brief_and_the_explained_tenants_want_opposite_replies() -> None:
     opening_elsewhere = "It is made " + LONG.removeprefix("Bread is baked")
     assert _rate(1, opening_elsewhere) == (-1.0, "opening")
     assert _rate(1, "Bread bread bread bread. Bread bread. Bread bread.")[0] == -1.0  # nonsense
+
+
+def test_the_brief_tenants_word_limit_is_a_setting() -> None:
+    """The brief tenant's users hold demo.brief_words (20 unless set), held-out ones too."""
+    seventeen = "Bread is baked from flour, water and yeast in a hot oven, and people eat it daily."
+    assert _rate(0, seventeen) == (1.0, "pleased")
+    (tight,) = make_tenants(1, 1, brief_words=7)
+    assert tight.people[0].react(ASK, SHORT, random.Random(0)).reason == "too_long"
+    assert house_style(0, True, 12).limit == 12
+    assert load_settings(model="tiny-random").demo.brief_words == 20
 
 
 def test_tenants_get_their_own_keys_and_share_out_the_users() -> None:

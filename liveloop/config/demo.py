@@ -58,6 +58,13 @@ class DemoConfig(Section):
         "`minutes` with the same tenants and users ('tenant': an adapter per tenant; 'shared': "
         "one policy learning from every tenant's turns).",
     )
+    brief_words: int = Field(
+        20,
+        ge=1,
+        description="With tenants: the brief tenant's word limit (its users want answers of at "
+        "most this many words). 20 is the tightest word limit the one-tenant demo gives "
+        "smollm2's and the Qwen models' users: their replies start at 30-40 words.",
+    )
     sense_model: str | None = Field(
         None,
         description="A judge model (alias or path) the demo serves in a process of its own "

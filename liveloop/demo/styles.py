@@ -1,8 +1,8 @@
 """House styles of the tenants demo: each tenant's users want their answers their own way.
 
 `liveloop demo --tenants N` gives every tenant an API key of its own and users who all hold
-that tenant's house style, and the styles conflict: one tenant wants answers of at most 15
-words, the next wants at least three sentences that open by naming the topic, the third asks
+that tenant's house style, and the styles conflict: one tenant wants answers of at most 20
+words (`demo.brief_words`), the next wants at least three sentences that open by naming the topic, the third asks
 about the weather and wants the weather tool used. One shared policy is pulled both ways by
 the first two; a personal adapter per tenant need not be. More tenants than styles repeat
 them in order. Like every simulated user, a tenant's users first of all want a real answer
@@ -26,7 +26,8 @@ from liveloop.demo.preferences import (
 )
 from liveloop.reading import ReplyReading, letter_words, mentions
 
-BRIEF_WORDS = 15  # the brief tenant's word limit
+BRIEF_WORDS = 20  # the brief tenant's word limit unless told otherwise (`demo.brief_words`)
+WEATHER_WORDS = 25  # the word limit of the weather tenant's users, for answers from the tool
 EXPLAINED_SENTENCES = 3  # the explained tenant's fewest sentences
 NO_LIMIT = 10**6
 WANTS_MORE = (
@@ -54,14 +55,14 @@ class Explained(WordLimit):
         return None
 
 
-def house_style(index: int, strict: bool) -> WordLimit:
+def house_style(index: int, strict: bool, brief_words: int = BRIEF_WORDS) -> WordLimit:
     """The house style of tenant `index`: brief, explained, weather, brief, ..."""
     kind = index % 3
     if kind == 0:
-        return WordLimit(BRIEF_WORDS, strict=strict, name="brief")
+        return WordLimit(brief_words, strict=strict, name="brief")
     if kind == 1:
         return Explained(strict=strict)
-    return WeatherAsker(BRIEF_WORDS + 10, strict=strict)
+    return WeatherAsker(WEATHER_WORDS, strict=strict)
 
 
 @dataclass
@@ -79,7 +80,9 @@ class Tenant:
         return f"tenant {self.index + 1} ({self.style})"
 
 
-def make_tenants(count: int, users: int, *, strict: bool = True) -> list[Tenant]:
+def make_tenants(
+    count: int, users: int, *, strict: bool = True, brief_words: int = BRIEF_WORDS
+) -> list[Tenant]:
     """`count` tenants with fresh API keys and `users` simulated users shared out in turn
     (at least one each), every user of a tenant holding its house style (the users' seed
     decides what they ask)."""
@@ -89,5 +92,5 @@ def make_tenants(count: int, users: int, *, strict: bool = True) -> list[Tenant]
     ]
     for u in range(max(users, count)):
         tenant = tenants[u % count]
-        tenant.people.append(house_style(tenant.index, strict))
+        tenant.people.append(house_style(tenant.index, strict, brief_words))
     return tenants

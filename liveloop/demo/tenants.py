@@ -64,7 +64,9 @@ def run_tenant_demo(
         )
     defaults = model_defaults(settings.model)
     demo = settings.demo
-    tenants = make_tenants(demo.tenants, demo.users, strict=defaults.has_language)
+    tenants = make_tenants(
+        demo.tenants, demo.users, strict=defaults.has_language, brief_words=demo.brief_words
+    )
     out_dir = settings.data_dir / "demo"
     runs = [
         run_scope(settings, scope, tenants, out_dir / f"run-{scope}", config_files, quiet)
@@ -155,7 +157,8 @@ def _tenant_id(tenant: Tenant) -> str:
 def _held_out(base_url: str, settings: LiveLoopSettings, tenant: Tenant) -> dict[str, Any]:
     """The tenant's held-out users (its house style) against what it is served now."""
     strict = model_defaults(settings.model).has_language
-    people = [house_style(tenant.index, strict) for _ in range(HELD_OUT_USERS)]
+    brief = settings.demo.brief_words
+    people = [house_style(tenant.index, strict, brief) for _ in range(HELD_OUT_USERS)]
     return evaluate_people(base_url, settings.model, people, settings.demo.seed + tenant.index,
                            api_key=tenant.api_key, turns_per_user=HELD_OUT_TURNS)  # fmt: skip
 
