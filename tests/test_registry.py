@@ -16,16 +16,26 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from glob import glob
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 
 from liveloop.registry import Registry, RegistryError, SessionOwnershipError
-from liveloop.registry.migrate import VERSION_TABLE, current_revision, head_revision
+from liveloop.registry.migrate import (
+    VERSION_TABLE,
+    alembic_config,
+    current_revision,
+    head_revision,
+    make_engine,
+    sqlite_file,
+)
 from liveloop.registry.models import Base
 
 PG_USER = "liveloop"
@@ -155,6 +165,36 @@ def test_migrations_apply_on_fresh_db_and_reapply_is_noop(db_url: str) -> None:
         assert [v.version for v in again.list_model_versions()] == [1]
     finally:
         again.close()
+
+
+def test_an_upgrade_names_the_tenant_of_every_recorded_versions_measures(db_url: str) -> None:
+    """Migration 0005 fills in version_quality.tenant from the versions still recorded."""
+    url = make_url(db_url)
+    if (path := sqlite_file(url)) is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(url)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0004")
+        now = {"t": datetime.now(UTC)}
+        conn.execute(
+            text(
+                "INSERT INTO model_versions (version, path, created_at, metrics, status, tenant) "
+                "VALUES (2, '/ckpt/2', :t, '{}', 'accepted', 'tenant-a')"
+            ),
+            now,
+        )
+        for version in (2, 3):  # v3's own row is gone (pruned): its tenant is unknown
+            conn.execute(
+                text("INSERT INTO version_quality (version, updated_at) VALUES (:v, :t)"),
+                {"v": version, **now},
+            )
+    engine.dispose()
+    with Registry.open(db_url) as reg:
+        assert current_revision(reg.engine) == head_revision()
+        assert [q.version for q in reg.version_quality("tenant-a")] == [2]
+        assert [q.version for q in reg.version_quality()] == [2, 3]
 
 
 def test_models_match_migrations(registry: Registry) -> None:
