@@ -38,6 +38,8 @@ async def add_turns(client: aredis.Redis, count: int, stream: str = TURNS) -> li
     for i in range(count):
         turn = make_turn(f"s{i}", 0, [user(f"question {i}")], f"answer {i}")
         ids.append(str(await client.xadd(stream, {"data": turn.model_dump_json(), "i": str(i)})))
+    # An entry is older than a window of 0 only once Redis' clock has left its millisecond.
+    await asyncio.sleep(0.002)
     return ids
 
 
