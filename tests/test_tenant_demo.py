@@ -13,6 +13,7 @@ import pytest
 
 from liveloop import bus
 from liveloop.config import load_settings
+from liveloop.config.demo import DemoConfig
 from liveloop.contracts import BatchSample, TrainingBatch
 from liveloop.demo.preferences import TOPICS, Question
 from liveloop.demo.report import JudgedTurn
@@ -22,6 +23,7 @@ from liveloop.demo.tenants import _tenant_id, isolation_checks
 from liveloop.valkey import free_port
 from tests.test_up_and_demo import CLI
 
+BRIEF_WORDS = DemoConfig().brief_words
 BREAD = next(t for t in TOPICS if t.name == "bread")
 ASK = Question("Tell me about bread.", topic=BREAD)
 SHORT = "Bread is baked from flour, water and yeast in a hot oven."
@@ -32,7 +34,7 @@ LONG = (
 
 
 def _rate(style: int, reply: str) -> tuple[float, str]:
-    tenants = make_tenants(3, 3)
+    tenants = make_tenants(3, 3, brief_words=BRIEF_WORDS)
     reaction = tenants[style].people[0].react(ASK, reply, random.Random(0))
     return reaction.rating, reaction.reason
 
@@ -58,7 +60,7 @@ def test_the_brief_tenants_word_limit_is_a_setting() -> None:
 
 
 def test_tenants_get_their_own_keys_and_share_out_the_users() -> None:
-    tenants = make_tenants(4, 9)
+    tenants = make_tenants(4, 9, brief_words=BRIEF_WORDS)
     assert [t.style for t in tenants] == ["brief", "explained", "weather_tool", "brief"]
     assert len({t.api_key for t in tenants}) == 4
     assert [len(t.people) for t in tenants] == [3, 2, 2, 2]
@@ -82,7 +84,7 @@ def _batch(batch_id: str, tenant: str | None, keys: list[str]) -> TrainingBatch:
 async def test_isolation_checks_find_a_foreign_adapter_and_a_mixed_batch(
     redis_url: str, tmp_path: Path
 ) -> None:
-    a, b = make_tenants(2, 2)
+    a, b = make_tenants(2, 2, brief_words=BRIEF_WORDS)
     ta, tb = _tenant_id(a), _tenant_id(b)
     turns = [_turn("s1:0:0", ta, ta), _turn("s2:0:0", tb, None), _turn("s2:1:0", tb, None)]
     client = await bus.connect(redis_url)
@@ -114,7 +116,7 @@ def _figures(first: float, last: float, kept: bool = True, se: float = 0.1) -> d
 
 
 def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> None:
-    tenants = make_tenants(3, 3)
+    tenants = make_tenants(3, 3, brief_words=BRIEF_WORDS)
     labels = [t.label for t in tenants]
     iso = {"passed": True, "turns_checked": 9, "served_by_another_tenants_adapter": 0,
            "batches_checked": 2, "batches_mixing_tenants": 0}  # fmt: skip

@@ -1,9 +1,9 @@
 """House styles of the tenants demo: each tenant's users want their answers their own way.
 
 `liveloop demo --tenants N` gives every tenant an API key of its own and users who all hold
-that tenant's house style, and the styles conflict: one tenant wants answers of at most 20
-words (`demo.brief_words`), the next wants at least three sentences that open by naming the topic, the third asks
-about the weather and wants the weather tool used. One shared policy is pulled both ways by
+that tenant's house style, and the styles conflict: one tenant wants answers of at most a
+few words (`demo.brief_words`), the next wants at least three sentences that open by naming
+the topic, the third asks about the weather and wants the weather tool used. One shared policy is pulled both ways by
 the first two; a personal adapter per tenant need not be. More tenants than styles repeat
 them in order. Like every simulated user, a tenant's users first of all want a real answer
 (`liveloop.demo.preferences`).
@@ -26,7 +26,6 @@ from liveloop.demo.preferences import (
 )
 from liveloop.reading import ReplyReading, letter_words, mentions
 
-BRIEF_WORDS = 20  # the brief tenant's word limit unless told otherwise (`demo.brief_words`)
 WEATHER_WORDS = 25  # the word limit of the weather tenant's users, for answers from the tool
 EXPLAINED_SENTENCES = 3  # the explained tenant's fewest sentences
 NO_LIMIT = 10**6
@@ -55,8 +54,9 @@ class Explained(WordLimit):
         return None
 
 
-def house_style(index: int, strict: bool, brief_words: int = BRIEF_WORDS) -> WordLimit:
-    """The house style of tenant `index`: brief, explained, weather, brief, ..."""
+def house_style(index: int, strict: bool, brief_words: int) -> WordLimit:
+    """The house style of tenant `index`: brief (at most `brief_words` words), explained,
+    weather, brief, ..."""
     kind = index % 3
     if kind == 0:
         return WordLimit(brief_words, strict=strict, name="brief")
@@ -80,14 +80,12 @@ class Tenant:
         return f"tenant {self.index + 1} ({self.style})"
 
 
-def make_tenants(
-    count: int, users: int, *, strict: bool = True, brief_words: int = BRIEF_WORDS
-) -> list[Tenant]:
+def make_tenants(count: int, users: int, *, brief_words: int, strict: bool = True) -> list[Tenant]:
     """`count` tenants with fresh API keys and `users` simulated users shared out in turn
     (at least one each), every user of a tenant holding its house style (the users' seed
     decides what they ask)."""
     tenants = [
-        Tenant(i, house_style(i, strict).name, "demo-" + secrets.token_urlsafe(12))
+        Tenant(i, house_style(i, strict, brief_words).name, "demo-" + secrets.token_urlsafe(12))
         for i in range(count)
     ]
     for u in range(max(users, count)):
