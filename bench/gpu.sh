@@ -9,9 +9,15 @@
 #    server with 32 adapters in flight, with GPU memory    -> OUT_DIR/tenants.json
 # 3. `liveloop demo --model tiny-random` with the engine and the trainer on the GPU: every
 #    loop, the weight swap and the gate, end to end        -> OUT_DIR/demo-report.json
+# 4. (only when STEPS names it) bench/learning.py with the engine and the trainer on the GPU:
+#    every arm of LEARNING_ARMS for every seed of LEARNING_SEEDS, each a run of its own, all
+#    side by side, then merged                              -> OUT_DIR/learning.json
+#    (LEARNING_MODEL, default qwen2.5-coder-0.5b, must already be in the model cache;
+#    LEARNING_ARGS replaces the budget flags; LEARNING_KEEP=1 keeps each run's data dir)
 # Each step has its own time limit; a failing step is recorded and the next one runs.
-# STEPS picks steps (default "trainer tenants demo"), TENANTS_ARGS adds bench/tenants.py
-# flags (e.g. --skip-trainer), DEVICE=cpu runs the steps on the CPU (a dry run).
+# STEPS picks steps (default "trainer tenants demo"; "learning" runs only when named),
+# TENANTS_ARGS adds bench/tenants.py flags (e.g. --skip-trainer), DEVICE=cpu runs the steps
+# on the CPU (a dry run).
 set -u
 out=${1:?usage: bench/gpu.sh OUT_DIR [MODEL]}
 model=${2:-tiny-random}
@@ -48,4 +54,31 @@ LIVELOOP_TRAINER__DEVICE=$device LIVELOOP_SERVER__DEVICE=$device \
 status demo $?
 cp "$data/demo/report.json" "$out/demo-report.json" 2> /dev/null
 rm -rf "$data"
+fi
+
+if [[ $steps == *" learning "* ]]; then
+runs="$out/learning"
+mkdir -p "$runs"
+read -r -a arms <<< "${LEARNING_ARMS:-rl:rl ref:combine:teacher=reference}"
+read -r -a budget <<< "${LEARNING_ARGS:---turns 96 --window 24 --pace 12 --minutes-cap 4}"
+keep=()
+[[ -n ${LEARNING_KEEP:-} ]] && keep=(--keep-data "$runs/data")
+pids=()
+for seed in ${LEARNING_SEEDS:-0 1 2}; do
+    for arm in "${arms[@]}"; do
+        LIVELOOP_TRAINER__DEVICE=$device LIVELOOP_SERVER__DEVICE=$device \
+            timeout "${LEARNING_S:-480}" "$py" bench/learning.py \
+            --models "${LEARNING_MODEL:-qwen2.5-coder-0.5b}" --seeds "$seed" "${budget[@]}" \
+            --arm "$arm" "${keep[@]}" --out "$runs/${arm%%:*}-$seed.json" \
+            > "$runs/${arm%%:*}-$seed.log" 2>&1 &
+        pids+=($!)
+    done
+done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=$?; done
+compare=()
+(( ${#arms[@]} > 1 )) && compare=(--compare "${arms[1]%%:*},${arms[0]%%:*}")
+"$py" bench/learning.py --merge "$runs"/*.json "${compare[@]}" --out "$out/learning.json" \
+    > "$out/learning-merge.log" 2>&1 || failed=$?
+status learning $failed
 fi
