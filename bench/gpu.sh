@@ -66,11 +66,11 @@ keep=()
 pids=()
 for seed in ${LEARNING_SEEDS:-0 1 2}; do
     for arm in "${arms[@]}"; do
+        run="$runs/${arm%%:*}-$seed"
         LIVELOOP_TRAINER__DEVICE=$device LIVELOOP_SERVER__DEVICE=$device \
             timeout "${LEARNING_S:-480}" "$py" bench/learning.py \
             --models "${LEARNING_MODEL:-qwen2.5-coder-0.5b}" --seeds "$seed" "${budget[@]}" \
-            --arm "$arm" "${keep[@]}" --out "$runs/${arm%%:*}-$seed.json" \
-            > "$runs/${arm%%:*}-$seed.log" 2>&1 &
+            --arm "$arm" "${keep[@]}" --out "$run.json" > "$run.log" 2>&1 &
         pids+=($!)
     done
 done
