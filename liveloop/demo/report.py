@@ -12,6 +12,7 @@ states the reward gain together with quality (`render` writes it out).
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,10 @@ MAX_NLL_RATIO = 1.25
 MAX_SYMBOL_SHARE = 0.02
 NON_ANSWER_SLACK = 0.05  # the final version may give this many more non-answers than version 0
 SENSE_SLACK = 0.1  # and this much smaller a share of replies the sense judge reads as sensible
+# A topic, non-answer or sense loss must also exceed sampling noise: the two shares come from a few
+# dozen replies sampled at temperature 1, so the same weights measured twice often differ by
+# more than the slack. One-sided 5%: a loss beyond 1.645 standard errors of the difference.
+LOSS_Z = 1.645
 
 
 @dataclass
@@ -251,20 +256,41 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         "topic_rate": None, "ref_nll": None, "symbols": None, "non_answers": None
     }  # fmt: skip
     if base.get("topic_rate") is not None and final.get("topic_rate") is not None:
-        checks["topic_rate"] = final["topic_rate"] >= base["topic_rate"] - TOPIC_RATE_SLACK
+        checks["topic_rate"] = not _share_lost(
+            base, final, "topic_rate", TOPIC_RATE_SLACK, rising=False
+        )
     if v0_probe.get("ref_nll") and final_probe.get("ref_nll") is not None:
         out["ref_nll_ratio"] = final_probe["ref_nll"] / v0_probe["ref_nll"]
         checks["ref_nll"] = out["ref_nll_ratio"] <= MAX_NLL_RATIO
     if final.get("symbol_share") is not None:
         checks["symbols"] = final["symbol_share"] < MAX_SYMBOL_SHARE
     if base.get("non_answer_share") is not None and final.get("non_answer_share") is not None:
-        checks["non_answers"] = (
-            final["non_answer_share"] <= base["non_answer_share"] + NON_ANSWER_SLACK
+        checks["non_answers"] = not _share_lost(
+            base, final, "non_answer_share", NON_ANSWER_SLACK, rising=True
         )
     if base.get("sense_rate") is not None and final.get("sense_rate") is not None:
-        checks["sense"] = final["sense_rate"] >= base["sense_rate"] - SENSE_SLACK
+        checks["sense"] = not _share_lost(base, final, "sense_rate", SENSE_SLACK, rising=False)
     out["quality_kept"] = checks
     return out
+
+
+def _share_lost(
+    base: dict[str, Any], final: dict[str, Any], key: str, slack: float, *, rising: bool
+) -> bool:
+    """Whether the final version's share `key` is worse than version 0's (worse is higher
+    when `rising`, lower otherwise) by more than `slack` and, where both say how many replies
+    they measured (`turns`), by more than `LOSS_Z` standard errors of the difference of the
+    two shares (pooled), so that sampling alone rarely fails the check."""
+    before, after = float(base[key]), float(final[key])
+    worse = after - before if rising else before - after
+    if worse <= slack:
+        return False
+    n_base, n_final = base.get("turns"), final.get("turns")
+    if not n_base or not n_final:
+        return True
+    pooled = (before * n_base + after * n_final) / (n_base + n_final)
+    spread = math.sqrt(pooled * (1 - pooled) * (1 / n_base + 1 / n_final))
+    return worse > LOSS_Z * spread
 
 
 def write_report(
