@@ -5,8 +5,8 @@ that tenant's house style, and the styles conflict: one tenant wants answers of 
 few words (`demo.brief_words`), the next wants at least three sentences that open by naming
 the topic, the third asks about the weather and wants the weather tool used. One shared
 policy is pulled both ways by the first two; a personal adapter per tenant need not be.
-More tenants than styles repeat them in order. Like every simulated user, a tenant's users first of all want a real answer
-(`liveloop.demo.preferences`).
+More tenants than styles repeat them in order. Like every simulated user, a tenant's users
+first of all want a real answer (`liveloop.demo.preferences`).
 """
 
 from __future__ import annotations
