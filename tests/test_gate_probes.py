@@ -107,8 +107,9 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
     """A trainer started before any traffic draws no probes; its gate draws again before
     every update until its set is full (not `refresh_versions` later: ten unguarded versions),
     then every `refresh_versions` versions. A serving version beyond a bound on a new set is
-    looked at again on more probes, and reported if still beyond: it stays served, and
-    candidates close to it cannot pass."""
+    looked at again on a second set, and reported if still beyond on both: it stays served,
+    and candidates close to it cannot pass; one within the bounds on the first set is not
+    looked at on the second."""
     gate_settings = {"refresh_versions": 3, "served_probes": 8, "max_kl": 1e-4}
     settings = load_settings(model="tiny-random", trainer={"gate": gate_settings})
     cfg, shared = settings.trainer.gate, settings.shared()
@@ -145,20 +146,33 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
                 weight.add_(torch.randn_like(weight) * 0.5)
     with caplog.at_level(logging.INFO, logger="liveloop.trainer.safeguards.gate"):
         await gate.refresh(policy, 5)  # refresh_versions since the draw: a new sample of 12
-    # v5 is beyond the KL bound on the new 8: a second look, on the 4 requests left as well
+    # v5 is beyond the KL bound on the new 8: a second set, of the 4 requests left
     assert "v5 is beyond a bound on 8 probes (KL to the reference" in caplog.text
-    assert "deciding on 4 more too" in caplog.text
-    assert gate.drawn_at == 5 and len(gate.probes) == 12 and gate.probes[:8] != full
-    assert len({repr(p.messages) for p in gate.probes}) == 12  # none of the first 8 again
-    assert gate.version0.probes == 12 and gate.serving.version == 5 and gate.serving.probes == 12
+    assert "drew 4 more" in caplog.text
+    assert gate.drawn_at == 5 and len(gate.probes) == 8 and gate.probes != full
+    assert len(gate.more) == 4 and not {*map(repr, gate.probes)} & {*map(repr, gate.more)}
+    assert gate.version0.probes == 8 and gate.serving.version == 5 and gate.serving.probes == 8
+    assert gate.version0_both is not None and gate.version0_both.probes == 12
     assert "v5 is itself beyond the gate's bounds on the new probe set" in caplog.text
-    assert gate.decide(await gate.probe(policy, 6)).probe.probes == 12  # candidates meet both
+    with caplog.at_level(logging.INFO, logger="liveloop.trainer.safeguards.gate"):
+        close = await gate.assess(policy, 6)  # as far from the reference: both sets, refused
+    assert not close.accepted and close.probe.probes == 12 and close.on_first_set.probes == 8
+    assert "v6 is beyond a bound on 8 probes" in caplog.text and "looking at 4 more" in caplog.text
+    gate.max_kl = None  # now within every bound on the first set: the second is not needed
+    gate.cfg = gate.cfg.model_copy(update={"max_nll_ratio": None})
+    within = await gate.assess(policy, 7)
+    assert within.accepted and within.probe.probes == 8 and within.first is None
+    gate.max_kl = cfg.max_kl
     caplog.clear()
     gate.cfg = gate.cfg.model_copy(update={"second_draw": False})
+    drawn = gate.probes
+    await gate.refresh(policy, 8)  # due, but the same 8 drawn again: set and baselines stand
+    assert gate.probes is drawn and len(gate.more) == 4 and gate.drawn_at == 8
+    await write_turns(aredis_client, served(12, 20))
     with caplog.at_level(logging.INFO, logger="liveloop.trainer.safeguards.gate"):
-        await gate.refresh(policy, 8)  # a new draw, no second look
-    assert len(gate.probes) == 8 and "more too" not in caplog.text
-    assert "v8 is itself beyond the gate's bounds" in caplog.text
+        await gate.refresh(policy, 11)  # a new draw, no second look
+    assert len(gate.probes) == 8 and gate.more == [] and "drew" not in caplog.text
+    assert "v11 is itself beyond the gate's bounds" in caplog.text
 
 
 def test_a_question_names_its_topic_in_its_last_sentence_that_names_anything() -> None:

@@ -50,8 +50,10 @@ class GateSettings(Section):
     second_draw: bool = Field(
         True,
         description="When the serving version is itself beyond a drift bound on a newly drawn "
-        "set, draw up to served_probes more (a source that can: 'served') and decide on both "
-        "sets together until the next draw: more evidence, the same bounds.",
+        "set, draw up to served_probes more (a source that can: 'served') as a second set. Until "
+        "the next draw, a candidate the first set finds beyond a drift bound answers the "
+        "second set too, and the drift bounds decide on both sets together: more evidence, "
+        "the same bounds, and one set's cost for a candidate within them.",
     )
     probe_users: int = Field(
         16, ge=1, description="Held-out simulated users, one question each ('demo' source)."

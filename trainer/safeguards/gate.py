@@ -14,9 +14,12 @@ answer, and those measures leave it out (`ProbeResult.tool_call_share` counts it
 version is recorded and announced as rejected (never served), and the trainer trains on from
 the last accepted version. A candidate is only ever compared with versions probed on the
 same set: when a refreshing source draws a new one, version 0 and the serving version are
-probed on it again before the next candidate; when the serving version is itself beyond a
-drift bound on the new set, the source is asked for more probes and the gate decides on
-both sets (`second_draw`). With no probes at all (no traffic served yet)
+probed on it again before the next candidate. When the serving version is itself beyond a
+drift bound on the new set, the source is asked for a second set (`second_draw`): until the
+next draw, a candidate that the first set finds beyond a drift bound answers the second set
+too, and the drift bounds decide on both sets together (reward is compared on the first set,
+where the serving version's is known). A candidate within the bounds costs one set, as
+before the second draw. With no probes at all (no traffic served yet)
 the gate has no evidence and accepts, saying so; a set drawn short (fewer served requests
 than it wants) is drawn again before the next update, not `refresh_versions` later.
 """
@@ -31,7 +34,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from liveloop.config import JudgeConfig, SharedSettings
 from liveloop.config.defaults import model_defaults
@@ -44,13 +47,14 @@ from liveloop.sense import SenseCheck
 from liveloop.tenants import of_tenant
 from liveloop.trainer.policy import Policy
 from liveloop.trainer.safeguards.probing import (
+    Measured,
     ProbeResult,
     Sampled,
     judge_replies,
+    pooled,
     render_prompts,
     reply_logprobs,
     sample_replies,
-    summarise,
 )
 
 log = logging.getLogger(__name__)
@@ -64,7 +68,17 @@ class GateVerdict(BaseModel):
 
     accepted: bool
     reason: str | None = None
-    probe: ProbeResult
+    probe: ProbeResult = Field(
+        description="What the gate measured: both sets when it looked at both."
+    )
+    first: ProbeResult | None = Field(
+        None, description="The version on the first set, where `probe` covers both sets."
+    )
+
+    @property
+    def on_first_set(self) -> ProbeResult:
+        """The version's result on the first set: what later candidates are compared with."""
+        return self.first if self.first is not None else self.probe
 
 
 def build_panel(judging: JudgeConfig, shared: SharedSettings) -> JudgePanel:
@@ -105,6 +119,7 @@ class PromotionGate:
         self.source = source
         self.sense = sense
         self.probes: list[Probe] = []
+        self.more: list[Probe] = []  # the second set (`second_draw`), until the next draw
         self.drawn_at = 0  # the version the probe set was drawn at
         defaults = model_defaults(model)
         self.max_tokens = self.cfg.max_tokens or defaults.reply_tokens
@@ -112,27 +127,34 @@ class PromotionGate:
         self.has_language = defaults.has_language  # else the topic and symbol rules are moot
         self.version0: ProbeResult | None = None
         self.serving: ProbeResult | None = None
+        self.version0_both: ProbeResult | None = None  # version 0 on both sets, once drawn
+        self._on_first: dict[int, Measured] = {}  # version 0 and the serving one, to pool
         self._live: dict[int, ProbeResult] = {}  # probes of recently accepted versions
-        self._prompts: list[list[int]] | None = None
+        self._prompts: dict[bool, list[list[int]]] = {}  # rendered, by "is the second set"
 
-    def _sample(self, policy: Policy, version: int, weights: Any) -> tuple[Sampled, list[Any]]:
+    def _sample(
+        self, policy: Policy, version: int, weights: Any, second: bool
+    ) -> tuple[Sampled, list[Any]]:
         """Replies of `weights` (the reference's for version 0) and their reference log-probs."""
-        if self._prompts is None:
-            self._prompts = render_prompts(policy.tokenizer, self.probes, self.tool_result_reminder)
+        if second not in self._prompts:
+            probes = self.more if second else self.probes
+            self._prompts[second] = render_prompts(
+                policy.tokenizer, probes, self.tool_result_reminder
+            )
+        prompts = self._prompts[second]
         if version == 0:
             with reference_weights(policy) as model:
-                sampled = self._replies(model, policy.tokenizer)
+                sampled = self._replies(model, policy.tokenizer, prompts)
             return sampled, sampled.logprobs
-        sampled = self._replies(weights, policy.tokenizer)
+        sampled = self._replies(weights, policy.tokenizer, prompts)
         device = str(next(policy.model.parameters()).device)
         return sampled, reply_logprobs(policy.reference_logprobs, sampled, device)
 
-    def _replies(self, model: Any, tokenizer: Any) -> Sampled:
-        assert self._prompts is not None
+    def _replies(self, model: Any, tokenizer: Any, prompts: list[list[int]]) -> Sampled:
         return sample_replies(
             model,
             tokenizer,
-            self._prompts,
+            prompts,
             max_tokens=self.max_tokens,
             temperature=self.cfg.temperature,
             seed=self.cfg.seed,
@@ -142,21 +164,53 @@ class PromotionGate:
         """Answer, judge and measure the probe set with `version`'s weights: `weights` (the
         plain model the version is served as, `Policy.export()`; LoRA adapters merged sample
         faster) or, when not given, the policy's model as it stands."""
+        return (await self._measure(policy, version, weights)).result()
+
+    async def _measure(
+        self, policy: Policy, version: int, weights: Any = None, *, second: bool = False
+    ) -> Measured:
+        """`version`'s judged replies to the first probe set (or the second)."""
         started = time.perf_counter()
-        if not self.probes:
-            return ProbeResult(version=version, probes=0, scored=0, ref_nll=0.0, kl_ref=0.0,
-                               mean_words=0.0, distinct_2=None, symbol_share=0.0)  # fmt: skip
+        probes = self.more if second else self.probes
+        if not probes:  # nothing to answer: a result with no evidence
+            return Measured(version, [], [], [], [])
         model = weights if weights is not None else policy.model
-        sampled, reference = await asyncio.to_thread(self._sample, policy, version, model)
-        replies = await judge_replies(
-            self.panel, self.probes, sampled, version, self.model, self.cfg.seed
-        )
-        result = summarise(version, self.probes, replies, sampled.logprobs, reference)
+        sampled, reference = await asyncio.to_thread(self._sample, policy, version, model, second)
+        seed = self.cfg.seed + (len(self.probes) if second else 0)  # the simulated reactions'
+        replies = await judge_replies(self.panel, probes, sampled, version, self.model, seed)
+        sense = None
         if self.sense is not None:
-            report = await self.sense.rate([(r.question, r.reply) for r in replies])
-            result.sense_rate, result.sense_seconds = report.rate, report.seconds
-        result.seconds = time.perf_counter() - started
-        return result
+            sense = await self.sense.rate([(r.question, r.reply) for r in replies])
+        return Measured(version, probes, replies, sampled.logprobs, reference, sense,
+                        time.perf_counter() - started)  # fmt: skip
+
+    async def assess(self, policy: Policy, version: int, weights: Any = None) -> GateVerdict:
+        """Probe `version` (as `probe`) and decide whether it may be served (`decide`). Where
+        a second set was drawn and the first finds the candidate beyond a drift bound (its
+        reward within the margins), it answers the second set too and the drift bounds apply
+        to both sets together."""
+        first = await self._measure(policy, version, weights)
+        verdict = self.decide(first.result())
+        assert self.version0 is not None and self.serving is not None
+        beyond = self._drift_reasons(verdict.probe, self.version0)
+        worse = self._reward_reasons(verdict.probe, self.version0, self.serving)
+        if verdict.accepted or worse or self.version0_both is None:
+            return verdict
+        log.info("gate: v%d%s is beyond a bound on %d probes (%s); looking at %d more",
+                 version, self._whose, len(self.probes), "; ".join(beyond), len(self.more))  # fmt: skip
+        second = await self._measure(policy, version, weights, second=True)
+        both = pooled(first, second).result()
+        reasons = self._drift_reasons(both, self.version0_both)
+        passed = (
+            f"within the bounds on all {both.probes} probes "
+            f"(the first {len(self.probes)} found: {'; '.join(beyond)})"
+        )
+        return GateVerdict(
+            accepted=not reasons,
+            reason="; ".join(reasons) or passed,
+            probe=both,
+            first=first.result(),
+        )
 
     async def start(self, policy: Policy, serving_version: int) -> None:
         """Draw the probe set; probe version 0 (the drift baseline) and the serving version."""
@@ -181,25 +235,28 @@ class PromotionGate:
             await self._baselines(policy, serving_version)
 
     async def _draw(self, version: int) -> None:
-        self.probes = await self.source.draw()
-        self._prompts = None
+        drawn = await self.source.draw()
         self.drawn_at = version
+        if drawn == self.probes:
+            return  # the same set (no new traffic): its baselines and second set stand
+        self.probes, self.more, self.version0_both = drawn, [], None
+        self._prompts.clear()
+        self._on_first.clear()
 
     async def _baselines(self, policy: Policy, serving_version: int) -> None:
         """Probe version 0 and the serving version on the set; when the serving version is
         beyond a drift bound on it, look again on a set with more probes (`second_draw`)."""
         beyond = await self._probe_baselines(policy, serving_version)
         if beyond and self.cfg.second_draw:
-            more = await self.source.draw_more(self.probes)
-            if more:
+            self.more = await self.source.draw_more(self.probes)
+            if self.more:
                 log.info(
-                    "gate: v%d%s is beyond a bound on %d probes (%s); deciding on %d more too",
-                    serving_version, self._whose, len(self.probes), "; ".join(beyond), len(more),
+                    "gate: v%d%s is beyond a bound on %d probes (%s); drew %d more, for a "
+                    "second look at any version the first set finds beyond a drift bound",
+                    serving_version, self._whose, len(self.probes), "; ".join(beyond),
+                    len(self.more),
                 )  # fmt: skip
-                self.probes = [*self.probes, *more]
-                self._prompts = None
-                self._live.clear()
-                beyond = await self._probe_baselines(policy, serving_version)
+                beyond = await self._probe_second_set(policy, serving_version)
         if beyond:
             log.warning(
                 "the serving version v%d%s is itself beyond the gate's bounds on the new probe "
@@ -208,8 +265,9 @@ class PromotionGate:
             )  # fmt: skip
         assert self.version0 is not None
         log.info(
-            "promotion gate ready: %d probes (%s), version 0 reward %s, reference NLL %.3f",
+            "promotion gate ready: %d probes (+%d) (%s), version 0 reward %s, reference NLL %.3f",
             len(self.probes),
+            len(self.more),
             self.source.name,
             _fmt(self.version0.reward),
             self.version0.ref_nll,
@@ -218,13 +276,25 @@ class PromotionGate:
     async def _probe_baselines(self, policy: Policy, serving_version: int) -> list[str]:
         """Probe version 0 and the serving version on the set; the drift bounds the serving
         version itself is beyond on it (it stays served; candidates close to it are refused)."""
-        self.version0 = await self.probe(policy, 0)
+        self._on_first = {0: await self._measure(policy, 0)}
+        self.version0 = self._on_first[0].result()
         self.accepted(self.version0)
         if serving_version == 0:
             return []
-        serving = await self.probe(policy, serving_version)
+        self._on_first[serving_version] = await self._measure(policy, serving_version)
+        serving = self._on_first[serving_version].result()
         self.accepted(serving)
         return self._drift_reasons(serving, self.version0)
+
+    async def _probe_second_set(self, policy: Policy, serving_version: int) -> list[str]:
+        """Version 0 and the serving version on the second set too; the drift bounds the
+        serving version is beyond on both sets together."""
+        both = {
+            version: pooled(measured, await self._measure(policy, version, second=True)).result()
+            for version, measured in self._on_first.items()
+        }
+        self.version0_both = both[0]
+        return self._drift_reasons(both[serving_version], both[0])
 
     @property
     def _whose(self) -> str:

@@ -134,11 +134,11 @@ class Safeguards:
         """Serve or refuse `version`, just trained and exported as `weights`."""
         if self.gate is None:
             return self._serve(version, None, None)
-        probe = await self.gate.probe(policy, version, weights)
-        verdict = self.gate.decide(probe)
+        verdict = await self.gate.assess(policy, version, weights)
+        probe = verdict.probe
         self.metrics.observe_gate(verdict.accepted, probe)
         if verdict.accepted:
-            self.gate.accepted(probe)
+            self.gate.accepted(verdict.on_first_set)
             return self._serve(version, verdict.reason, probe)
         self.rejected += 1
         self.refusals_in_row += 1

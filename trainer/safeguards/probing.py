@@ -26,6 +26,7 @@ from liveloop.prm.judges.base import JudgeRequest, NextState
 from liveloop.prm.panel import JudgePanel
 from liveloop.probe_sources import Probe
 from liveloop.reading import distinct_n, read_reply
+from liveloop.sense import SenseReport
 from liveloop.trainer.data import MicroBatch, build_micro_batch
 from liveloop.written_calls import written_call
 
@@ -84,6 +85,47 @@ class Sampled:
     completions: list[list[int]]
     texts: list[str]
     logprobs: list[torch.Tensor]
+
+
+@dataclass
+class Measured:
+    """One version's judged replies to a probe set and the log-probs they were measured
+    with, kept so that its measures on two sets can be pooled into one result (`pooled`)."""
+
+    version: int
+    probes: list[Probe]
+    replies: list[ProbeReply]
+    logprobs: list[torch.Tensor]  # each reply token's under the sampling model
+    reference: list[torch.Tensor]  # and under the reference model
+    sense: SenseReport | None = None
+    seconds: float = 0.0
+
+    def result(self) -> ProbeResult:
+        """The probe result these replies give."""
+        result = summarise(self.version, self.probes, self.replies, self.logprobs, self.reference)
+        if self.sense is not None:
+            result.sense_rate, result.sense_seconds = self.sense.rate, self.sense.seconds
+        result.seconds = self.seconds
+        return result
+
+
+def pooled(first: Measured, second: Measured) -> Measured:
+    """One version's measures on two probe sets, as if it had answered them as one set."""
+    sense = None
+    if first.sense is not None and second.sense is not None:
+        sense = SenseReport(
+            [*first.sense.verdicts, *second.sense.verdicts],
+            first.sense.seconds + second.sense.seconds,
+        )
+    return Measured(
+        first.version,
+        [*first.probes, *second.probes],
+        [*first.replies, *second.replies],
+        [*first.logprobs, *second.logprobs],
+        [*first.reference, *second.reference],
+        sense,
+        first.seconds + second.seconds,
+    )
 
 
 def render_prompts(
