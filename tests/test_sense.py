@@ -75,10 +75,20 @@ async def test_the_gate_measures_sense_and_refuses_a_version_that_loses_it(
     assert asked == gate.version0.probes == 3  # one judge request per probe reply
     same = await gate.probe(policy, 1)
     assert gate.decide(same).accepted and len(endpoint.requests) == 2 * asked
-    lost = same.model_copy(update={"sense_rate": 0.6})  # 100% -> 60%: more than 20 points
+    # 100% -> 0%: every probe lost its sense (3 of 3 worse, none better: 3 / sqrt(3) = 1.73
+    # standard errors, beyond noise)
+    nonsense = [mark.model_copy(update={"sensible": False}) for mark in same.marks]
+    lost = same.model_copy(update={"sense_rate": 0.0, "marks": nonsense})
     refused = gate.decide(lost)
     assert not refused.accepted and "sense judge" in str(refused.reason)
     assert gate.decide(same.model_copy(update={"sense_rate": 0.85})).accepted
+    # 100% -> 33%: two of three, within noise (2 / sqrt(2) = 1.41); the bound alone refuses
+    two = nonsense[:2] + same.marks[2:]
+    assert gate.decide(same.model_copy(update={"sense_rate": 1 / 3, "marks": two})).accepted
+    alone = gate.cfg.model_copy(update={"loss_z": None})
+    gate.cfg, paired = alone, gate.cfg
+    assert not gate.decide(same.model_copy(update={"sense_rate": 1 / 3, "marks": two})).accepted
+    gate.cfg = paired
     gate.cfg = gate.cfg.model_copy(update={"max_sense_drop": None})
     assert gate.decide(lost).accepted  # measured, not bounded
     assert gate.sense is not None

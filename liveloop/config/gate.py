@@ -103,6 +103,15 @@ class GateSettings(Section):
         "(nonsense or word salad, symbols, markup, repeats) exceeds version 0's by more than "
         "this (models with language only); unset = no bound.",
     )
+    loss_z: float | None = Field(
+        1.645,
+        gt=0,
+        description="A share bound (max_topic_drop, max_nonsense_rise, max_sense_drop) refuses "
+        "a version only where its answers are also worse than version 0's beyond sampling "
+        "noise: of the probes where the two differ, those that got worse outnumber those that "
+        "got better by more than this many standard errors (paired, McNemar; 1.645: one-sided "
+        "5%); unset = the bound alone.",
+    )
     sense: SenseJudgeSettings = Field(
         default_factory=SenseJudgeSettings,
         description="A judge model asked whether each probe reply answers its question "

@@ -46,6 +46,7 @@ from liveloop.probe_sources import Probe, ProbeSource
 from liveloop.sense import SenseCheck
 from liveloop.tenants import of_tenant
 from liveloop.trainer.policy import Policy
+from liveloop.trainer.safeguards.paired import Mark, worse_beyond_noise
 from liveloop.trainer.safeguards.probing import (
     Measured,
     ProbeResult,
@@ -264,10 +265,12 @@ class PromotionGate:
                 serving_version, self._whose, "; ".join(beyond),
             )  # fmt: skip
         assert self.version0 is not None
+        second = f" and a second set of {len(self.more)}" if self.more else ""
         log.info(
-            "promotion gate ready: %d probes (+%d) (%s), version 0 reward %s, reference NLL %.3f",
+            "promotion gate%s ready: %d probes%s (%s), version 0 reward %s, reference NLL %.3f",
+            self._whose,
             len(self.probes),
-            len(self.more),
+            second,
             self.source.name,
             _fmt(self.version0.reward),
             self.version0.ref_nll,
@@ -343,6 +346,7 @@ class PromotionGate:
             and before is not None
             and now is not None
             and _by_more_than(before, now, drop)
+            and self._beyond_noise(version0, candidate, "sensible", good=True)
         ):
             reasons.append(
                 f"the sense judge read {now:.0%} of replies as sensible answers, below version "
@@ -356,6 +360,7 @@ class PromotionGate:
             and before is not None
             and now is not None
             and _by_more_than(before, now, drop)
+            and self._beyond_noise(version0, candidate, "on_topic", good=True)
         ):
             reasons.append(
                 f"topic rate {now:.0%} is below version 0's {before:.0%} by more than {drop:.0%}"
@@ -366,12 +371,23 @@ class PromotionGate:
                 f"{candidate.symbol_share:.0%} of replies dominated by symbols > {symbols:.0%}"
             )
         rise, before = self.cfg.max_nonsense_rise, version0.nonsense_share
-        if rise is not None and _by_more_than(candidate.nonsense_share, before, rise):
+        if (
+            rise is not None
+            and _by_more_than(candidate.nonsense_share, before, rise)
+            and self._beyond_noise(version0, candidate, "no_answer", good=False)
+        ):
             reasons.append(
                 f"{candidate.nonsense_share:.0%} of replies are no answer (nonsense, word salad, "
                 f"repeats), above version 0's {before:.0%} by more than {rise:.0%}"
             )
         return reasons
+
+    def _beyond_noise(
+        self, version0: ProbeResult, candidate: ProbeResult, mark: Mark, *, good: bool
+    ) -> bool:
+        """Whether the candidate is worse than version 0 on `mark` beyond paired sampling
+        noise (`loss_z`): a share bound refuses only then."""
+        return worse_beyond_noise(version0, candidate, mark, good=good, z=self.cfg.loss_z)
 
     def accepted(self, result: ProbeResult) -> None:
         """A version went live: it is the one the next candidates are compared with."""

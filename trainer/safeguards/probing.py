@@ -25,7 +25,7 @@ from liveloop.contracts import BatchSample, TurnRecord
 from liveloop.prm.judges.base import JudgeRequest, NextState
 from liveloop.prm.panel import JudgePanel
 from liveloop.probe_sources import Probe
-from liveloop.reading import distinct_n, read_reply
+from liveloop.reading import ReplyReading, distinct_n, read_reply
 from liveloop.sense import SenseReport
 from liveloop.trainer.data import MicroBatch, build_micro_batch
 from liveloop.written_calls import written_call
@@ -43,6 +43,15 @@ class ProbeReply(BaseModel):
     reply: str
     reaction: str | None = None
     score: float | None = None
+
+
+class ProbeMarks(BaseModel):
+    """What a reader noticed in one probe reply (None: not measured, e.g. a tool call), so
+    that two versions' answers to the same probes can be compared probe by probe."""
+
+    on_topic: bool | None = None
+    no_answer: bool | None = None
+    sensible: bool | None = None
 
 
 class ProbeResult(BaseModel):
@@ -74,6 +83,11 @@ class ProbeResult(BaseModel):
     sense_seconds: float = Field(0.0, description="Seconds the sense judge took.")
     seconds: float = 0.0
     examples: list[ProbeReply] = Field(default_factory=list)
+    marks: list[ProbeMarks] = Field(
+        default_factory=list,
+        exclude=True,
+        description="Each probe's marks, in probe order (not stored with the version).",
+    )
 
 
 @dataclass
@@ -105,6 +119,8 @@ class Measured:
         result = summarise(self.version, self.probes, self.replies, self.logprobs, self.reference)
         if self.sense is not None:
             result.sense_rate, result.sense_seconds = self.sense.rate, self.sense.seconds
+            for mark, verdict in zip(result.marks, self.sense.verdicts, strict=True):
+                mark.sensible = verdict
         result.seconds = self.seconds
         return result
 
@@ -284,6 +300,8 @@ def summarise(
     calls = [o and written_call(r.reply) is not None for r, o in zip(replies, offered, strict=True)]
     answers = [(r, p) for r, p, c in zip(replies, probes, calls, strict=True) if not c]
     readings = [read_reply(r.reply, p.topic) for r, p in answers]
+    read = iter(readings)
+    marks = [ProbeMarks() if call else _marks(next(read)) for call in calls]
     topical = [x.on_topic for x in readings if x.on_topic is not None]
     return ProbeResult(
         version=version,
@@ -299,4 +317,9 @@ def summarise(
         nonsense_share=sum(x.no_answer for x in readings) / max(len(readings), 1),
         tool_call_share=sum(calls) / sum(offered) if any(offered) else None,
         examples=replies[:EXAMPLES_KEPT],
+        marks=marks,
     )
+
+
+def _marks(reading: ReplyReading) -> ProbeMarks:
+    return ProbeMarks(on_topic=reading.on_topic, no_answer=reading.no_answer)
