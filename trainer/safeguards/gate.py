@@ -46,7 +46,6 @@ from liveloop.probe_sources import Probe, ProbeSource
 from liveloop.sense import SenseCheck
 from liveloop.tenants import of_tenant
 from liveloop.trainer.policy import Policy
-from liveloop.trainer.safeguards.paired import Mark, worse_beyond_noise
 from liveloop.trainer.safeguards.probing import (
     Measured,
     ProbeResult,
@@ -57,11 +56,11 @@ from liveloop.trainer.safeguards.probing import (
     reply_logprobs,
     sample_replies,
 )
+from liveloop.trainer.safeguards.shares import Mark, by_more_than, worse_beyond_noise
 
 log = logging.getLogger(__name__)
 
 KEPT_RESULTS = 16  # probe results of recent live versions, for a rollback to compare with
-FLOAT_SLACK = 1e-9  # shares of a few probes are fractions: compare bounds with this slack
 
 
 class GateVerdict(BaseModel):
@@ -326,7 +325,7 @@ class PromotionGate:
         return [
             f"probe reward {new:+.3f} is below {name} {base:+.3f} by more than {margin:g}"
             for name, base in bases
-            if base is not None and new is not None and _by_more_than(base, new, margin)
+            if base is not None and new is not None and by_more_than(base, new, margin)
         ]
 
     def _drift_reasons(self, candidate: ProbeResult, version0: ProbeResult) -> list[str]:
@@ -345,7 +344,7 @@ class PromotionGate:
             drop is not None
             and before is not None
             and now is not None
-            and _by_more_than(before, now, drop)
+            and by_more_than(before, now, drop)
             and self._beyond_noise(version0, candidate, "sensible", good=True)
         ):
             reasons.append(
@@ -359,7 +358,7 @@ class PromotionGate:
             drop is not None
             and before is not None
             and now is not None
-            and _by_more_than(before, now, drop)
+            and by_more_than(before, now, drop)
             and self._beyond_noise(version0, candidate, "on_topic", good=True)
         ):
             reasons.append(
@@ -373,7 +372,7 @@ class PromotionGate:
         rise, before = self.cfg.max_nonsense_rise, version0.nonsense_share
         if (
             rise is not None
-            and _by_more_than(candidate.nonsense_share, before, rise)
+            and by_more_than(candidate.nonsense_share, before, rise)
             and self._beyond_noise(version0, candidate, "no_answer", good=False)
         ):
             reasons.append(
@@ -400,12 +399,6 @@ class PromotionGate:
         """An earlier version's weights are live again (a rollback): compare with its probes."""
         assert self.version0 is not None
         self.serving = self._live.get(version, self.version0)
-
-
-def _by_more_than(high: float, low: float, bound: float) -> bool:
-    """Whether `high` exceeds `low` by more than `bound`; by exactly the bound (one reply in
-    ten against a 10-point bound: 0.8 - 0.7 is 0.10000000000000009) it does not."""
-    return high - low > bound + FLOAT_SLACK
 
 
 def _fmt(value: float | None) -> str:

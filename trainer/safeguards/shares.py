@@ -1,4 +1,5 @@
-"""Whether a share fell (or rose) between two versions beyond sampling noise, probe by probe.
+"""How the promotion gate compares two versions' shares: by more than a bound, and beyond
+sampling noise, probe by probe.
 
 The gate's share bounds (topic rate, no-answer share, sense rate) compare a candidate with
 version 0 on the same probes. On a few dozen probes sampled at temperature 1, a version as
@@ -17,6 +18,13 @@ from typing import Literal
 from liveloop.trainer.safeguards.probing import ProbeResult
 
 Mark = Literal["on_topic", "no_answer", "sensible"]
+FLOAT_SLACK = 1e-9  # shares of a few probes are fractions: compare bounds with this slack
+
+
+def by_more_than(high: float, low: float, bound: float) -> bool:
+    """Whether `high` exceeds `low` by more than `bound`; by exactly the bound (one reply in
+    ten against a 10-point bound: 0.8 - 0.7 is 0.10000000000000009) it does not."""
+    return high - low > bound + FLOAT_SLACK
 
 
 def worse_beyond_noise(
