@@ -209,7 +209,7 @@ class PromotionGate:
             accepted=not reasons,
             reason="; ".join(reasons) or passed,
             probe=both,
-            first=first.result(),
+            first=verdict.probe,
         )
 
     async def start(self, policy: Policy, serving_version: int) -> None:
@@ -340,13 +340,7 @@ class PromotionGate:
                 f"{version0.ref_nll:.3f}"
             )
         drop, before, now = self.cfg.max_sense_drop, version0.sense_rate, candidate.sense_rate
-        if (
-            drop is not None
-            and before is not None
-            and now is not None
-            and by_more_than(before, now, drop)
-            and self._beyond_noise(version0, candidate, "sensible", good=True)
-        ):
+        if self._share_lost(version0, candidate, "sensible", drop, before, now, good=True):
             reasons.append(
                 f"the sense judge read {now:.0%} of replies as sensible answers, below version "
                 f"0's {before:.0%} by more than {drop:.0%}"
@@ -354,13 +348,7 @@ class PromotionGate:
         if not self.has_language:
             return reasons
         drop, before, now = self.cfg.max_topic_drop, version0.topic_rate, candidate.topic_rate
-        if (
-            drop is not None
-            and before is not None
-            and now is not None
-            and by_more_than(before, now, drop)
-            and self._beyond_noise(version0, candidate, "on_topic", good=True)
-        ):
+        if self._share_lost(version0, candidate, "on_topic", drop, before, now, good=True):
             reasons.append(
                 f"topic rate {now:.0%} is below version 0's {before:.0%} by more than {drop:.0%}"
             )
@@ -369,24 +357,38 @@ class PromotionGate:
             reasons.append(
                 f"{candidate.symbol_share:.0%} of replies dominated by symbols > {symbols:.0%}"
             )
-        rise, before = self.cfg.max_nonsense_rise, version0.nonsense_share
-        if (
-            rise is not None
-            and by_more_than(candidate.nonsense_share, before, rise)
-            and self._beyond_noise(version0, candidate, "no_answer", good=False)
-        ):
+        rise, before, now = (
+            self.cfg.max_nonsense_rise,
+            version0.nonsense_share,
+            candidate.nonsense_share,
+        )
+        if self._share_lost(version0, candidate, "no_answer", rise, before, now, good=False):
             reasons.append(
-                f"{candidate.nonsense_share:.0%} of replies are no answer (nonsense, word salad, "
+                f"{now:.0%} of replies are no answer (nonsense, word salad, "
                 f"repeats), above version 0's {before:.0%} by more than {rise:.0%}"
             )
         return reasons
 
-    def _beyond_noise(
-        self, version0: ProbeResult, candidate: ProbeResult, mark: Mark, *, good: bool
+    def _share_lost(
+        self,
+        version0: ProbeResult,
+        candidate: ProbeResult,
+        mark: Mark,
+        bound: float | None,
+        before: float | None,
+        now: float | None,
+        *,
+        good: bool,
     ) -> bool:
-        """Whether the candidate is worse than version 0 on `mark` beyond paired sampling
-        noise (`loss_z`): a share bound refuses only then."""
-        return worse_beyond_noise(version0, candidate, mark, good=good, z=self.cfg.loss_z)
+        """Whether a share (of replies whose `mark` is `good`, or not `good` for a share of bad
+        replies) got worse than version 0's by more than `bound` and beyond paired sampling
+        noise (`loss_z`); never where the bound is unset or either share unmeasured."""
+        if bound is None or before is None or now is None:
+            return False
+        high, low = (before, now) if good else (now, before)
+        return by_more_than(high, low, bound) and worse_beyond_noise(
+            version0, candidate, mark, good=good, z=self.cfg.loss_z
+        )
 
     def accepted(self, result: ProbeResult) -> None:
         """A version went live: it is the one the next candidates are compared with."""
