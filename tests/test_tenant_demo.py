@@ -143,10 +143,12 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
     shared.tenants[labels[1]] = _figures(-0.5, -0.4, kept=False)
     top = headline(matrix(tenants, [tenant, shared]), [tenant, shared])
     assert top["quality_kept"] is False and top["tenant_scope_beats_shared"] is False
+    tenant.tenants[labels[0]]["versions"] = [0, 2, 5, 9]  # the base is not a trained version
     settings = load_settings(model="tiny-random", data_dir=tmp_path)
     paths = write_tenant_report(tmp_path, settings, tenants, [tenant, shared])
     markdown = paths["md"].read_text()
-    assert "| tenant 1 (brief) | -0.80 -> +0.10" in markdown
+    assert "| tenant 1 (brief) | -0.80 -> +0.10 (gain +0.90, 100 turns, 3 versions;" in markdown
+    assert "-0.80 -> -0.40 (gain +0.40, 100 turns, 1 version; quality kept)" in markdown
     assert "| +0.50 ± 0.14 |" in markdown  # the live difference, with its standard error
     assert (
         "| tenant 1 (brief) | -0.90 -> +0.00 (gain +0.90) | -0.80 -> -0.40 (gain +0.40) | +0.50 |"

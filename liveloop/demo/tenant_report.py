@@ -150,6 +150,10 @@ def render(report: dict[str, Any]) -> str:
         f"(quality kept: {top['quality_kept']}; isolation passed: {top['isolation_passed']}). "
         "A difference is given with one standard error of its four windows' means: the "
         "margin is about that size, so one run's verdict can turn on sampling alone. "
+        "Versions are the trained versions that served the tenant's judged turns: an adapter "
+        "learns from its own tenant's turns alone and the shared policy from everyone's, so in "
+        "the same minutes an adapter gets fewer, and fewer still on a slower machine "
+        "(`--minutes` gives every scope more). "
         "Held-out users' gain differences, the same users and questions before and after: "
         + ", ".join(f"{k} {_fmt(v)}" for k, v in top["held_out_gain_difference"].items())
         + ".",
@@ -216,8 +220,18 @@ def _cell(figures: dict[str, Any]) -> str:
     quality = "quality kept" if not lost else "lost: " + ", ".join(lost)
     return (
         f"{_fmt(figures['reward_first_window'])} -> {_fmt(figures['reward_last_window'])} "
-        f"(gain {_fmt(figures['gain'])}, {figures['turns']} turns; {quality})"
+        f"(gain {_fmt(figures['gain'])}, {figures['turns']} turns, "
+        f"{_plural(_trained_versions(figures), 'version')}; {quality})"
     )
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _trained_versions(figures: dict[str, Any]) -> int:
+    """Trained versions (not the base) that served the tenant's judged turns."""
+    return sum(1 for version in figures.get("versions") or [] if version > 0)
 
 
 def _held_out(figures: dict[str, Any]) -> str:
