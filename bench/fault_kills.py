@@ -20,12 +20,14 @@ import os
 import random
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 
 from bench.audit import audit_batches, audit_judging, audit_trainer, audit_turns
@@ -74,31 +76,34 @@ class Watcher(threading.Thread):
         self.archive = archive
         self.batch_dir = fleet.data_dir / "batches"
         self.stop = threading.Event()
-        self.caught = threading.Event()
+        # one armed freeze per kind of write, so that the trainer's killer and the
+        # collector's killer never replace each other's (a replaced arm left a frozen
+        # loop unkilled, or made the aim wait its whole deadline)
+        self.caught = {what: threading.Event() for what in ("checkpoint", "batch")}
         self.last_batch: Path | None = None
-        self._armed: tuple[str, int] | None = None  # (what, pid)
+        self._armed: dict[str, int] = {}  # what -> pid
         self._lock = threading.Lock()
         self._seen: set[str] = set()
 
     def arm(self, what: str, pid: int) -> None:
         """Freeze `pid` the next time it writes `what` ('checkpoint' or 'batch')."""
         with self._lock:
-            self.caught.clear()
-            self._armed = (what, pid)
+            self.caught[what].clear()
+            self._armed[what] = pid
 
-    def disarm(self) -> None:
-        """Forget the armed freeze."""
+    def disarm(self, what: str) -> None:
+        """Forget the armed freeze of `what`."""
         with self._lock:
-            self._armed = None
+            self._armed.pop(what, None)
 
     def _freeze(self, what: str) -> None:
         with self._lock:
-            if self._armed is None or self._armed[0] != what:
+            pid = self._armed.pop(what, None)
+            if pid is None:
                 return
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._armed[1], signal.SIGSTOP)
-            self._armed = None
-            self.caught.set()
+                os.kill(pid, signal.SIGSTOP)
+            self.caught[what].set()
 
     def run(self) -> None:
         self.archive.mkdir(parents=True, exist_ok=True)
@@ -194,11 +199,12 @@ class Killer:
         what = "checkpoint" if self.loop == "train" else "batch"
         pid = self.fleet.loops[self.loop].pid
         self.watcher.arm(what, pid)
+        caught = self.watcher.caught[what]
         deadline = time.monotonic() + 30.0
-        while not self.watcher.caught.wait(0.2):
+        while not caught.wait(0.2):
             if self.stop.is_set() or time.monotonic() > deadline:
-                self.watcher.disarm()
-                if self.watcher.caught.is_set():
+                self.watcher.disarm(what)
+                if caught.is_set():
                     break  # frozen just now: it must be killed (or it would stay frozen)
                 return None if self.stop.is_set() else "random"
         if what == "checkpoint":
@@ -229,17 +235,45 @@ class Killer:
         return False
 
 
-def goal_reached(fleet: Fleet, killers: list[Killer], min_kills: int) -> bool:
+def campaign_state(fleet: Fleet, killers: list[Killer]) -> dict[str, Any]:
+    """Kills so far (by loop and by aim) and trainer restarts that resumed a checkpoint."""
+    aimed = [a for k in killers for a in k.aimed]
+    return {
+        "kills": {name: len(loop.kills) for name, loop in fleet.loops.items()},
+        "aimed": {a: aimed.count(a) for a in sorted(set(aimed))},
+        "resumed": fleet.log_tail("train", 10**7).count("resumed from checkpoint"),
+    }
+
+
+def goal_reached(state: dict[str, Any], min_kills: int) -> bool:
     """At least `min_kills` kills, one of them during a checkpoint write, one during a batch
     write, and one trainer restart after a checkpoint existed."""
-    aimed = [a for k in killers for a in k.aimed]
-    kills = sum(len(loop.kills) for loop in fleet.loops.values())
-    return (
-        kills >= min_kills
-        and "checkpoint" in aimed
-        and "batch" in aimed
-        and fleet.log_tail("train", 10**7).count("resumed from checkpoint") >= 1
+    aimed: dict[str, int] = state["aimed"]
+    return bool(
+        sum(state["kills"].values()) >= min_kills
+        and aimed.get("checkpoint", 0) >= 1
+        and aimed.get("batch", 0) >= 1
+        and state["resumed"] >= 1
     )
+
+
+def progress(stage: str, started: float, **figures: Any) -> None:
+    """One line on stderr, so that a run cut short (a test's timeout) shows how far it got."""
+    line = {"stage": stage, "s": round(time.monotonic() - started), **figures}
+    print(json.dumps(line), file=sys.stderr, flush=True)
+
+
+def thaw_frozen(fleet: Fleet) -> list[str]:
+    """Loops still frozen (SIGSTOP) once the killers are done: every freeze should have ended
+    in a kill. Each is killed and restarted so that the drain can go on; their names."""
+    frozen = []
+    for name, loop in fleet.loops.items():
+        with contextlib.suppress(psutil.Error):
+            if loop.alive and psutil.Process(loop.pid).status() == psutil.STATUS_STOPPED:
+                fleet.kill(name, "left frozen")
+                fleet.start_loop(name)
+                frozen.append(name)
+    return frozen
 
 
 async def _drive(
@@ -258,7 +292,14 @@ async def _drive(
     for t in threads:
         t.start()
     await asyncio.sleep(seconds)
-    while not goal_reached(fleet, killers, min_kills) and time.monotonic() - started < max_seconds:
+    reported = time.monotonic()
+    while time.monotonic() - started < max_seconds:
+        state = campaign_state(fleet, killers)
+        if goal_reached(state, min_kills):
+            break
+        if time.monotonic() - reported > 30:
+            progress("kills", started, served=len(traffic.served), **state)
+            reported = time.monotonic()
         await asyncio.sleep(0.5)
     for k in killers:
         k.stop.set()
@@ -272,7 +313,7 @@ async def _drive(
 def drain(fleet: Fleet, served: list[Any], timeout_s: float) -> float:
     """Wait until every served trainable turn is judged, batched and trained; seconds taken."""
     client = redis.Redis.from_url(fleet.redis_url, decode_responses=True)
-    start = time.monotonic()
+    start = reported = time.monotonic()
     try:
         while time.monotonic() - start < timeout_s:
             for name, loop in fleet.loops.items():
@@ -288,6 +329,10 @@ def drain(fleet: Fleet, served: list[Any], timeout_s: float) -> float:
             )
             if judged["unjudged"] == 0 and idle:
                 return time.monotonic() - start
+            if time.monotonic() - reported > 30:
+                lag = {n: (g.get("pending"), g.get("lag")) for n, g in groups.items()}
+                progress("drain", start, unjudged=judged["unjudged"], pending_lag=lag)
+                reported = time.monotonic()
             time.sleep(0.5)
         return time.monotonic() - start
     finally:
@@ -328,6 +373,7 @@ def run_campaign(
         ]
         traffic = Traffic(fleet.base_url, agents=agents, max_tokens=8, seed=seed)
         traffic_s = asyncio.run(_drive(fleet, traffic, killers, seconds, min_kills, max_seconds))
+        frozen = thaw_frozen(fleet)
         drained_s = drain(fleet, traffic.served, drain_timeout_s)
     finally:
         watcher.stop.set()
@@ -336,7 +382,7 @@ def run_campaign(
     client = redis.Redis.from_url(fleet.redis_url, decode_responses=True)
     try:
         figures = _figures(fleet, traffic, killers, client, watcher, drained_s, codes)
-        return {**figures, "traffic_s": round(traffic_s, 1)}
+        return {**figures, "traffic_s": round(traffic_s, 1), "loops_left_frozen": frozen}
     finally:
         client.close()
         fleet.valkey.stop()
@@ -370,6 +416,7 @@ def _figures(
         "kills_during_checkpoint_write": aimed.count("checkpoint"),
         "kills_during_batch_write": aimed.count("batch"),
         "aimed_kills_missed": aimed.count("missed"),
+        "aimed_kills_without_a_write": aimed.count("random"),  # none came within 30 s
         "requests": len(traffic.served),
         "requests_failed": sum(1 for s in traffic.served if not s.ok),
         "turns_served": turns["served"],
