@@ -54,12 +54,11 @@ def timed(step: Any) -> tuple[float, Any]:
 
 def probe_parts(gate: PromotionGate, policy: Policy, weights: Any) -> dict[str, float]:
     """Seconds of one probe's sampling, reference pass and judging, taken one by one."""
-    sample_s, sampled = timed(lambda: gate._replies(weights, policy.tokenizer))
+    prompts, seeds = gate._rendered(policy, False)
+    sample_s, sampled = timed(lambda: gate._replies(weights, policy.tokenizer, prompts, seeds))
     reference_s, _ = timed(lambda: reply_logprobs(policy.reference_logprobs, sampled, "cpu"))
     judge_s, _ = timed(
-        lambda: asyncio.run(
-            judge_replies(gate.panel, gate.probes, sampled, 1, gate.model, gate.cfg.seed)
-        )
+        lambda: asyncio.run(judge_replies(gate.panel, gate.probes, sampled, 1, gate.model, seeds))
     )
     return {
         "sample_s": round(sample_s, 2),

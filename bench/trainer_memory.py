@@ -56,7 +56,14 @@ def cycles(model: str, count: int, trim: bool) -> list[float]:
         return out
 
     def probe(merged: Any) -> None:
-        sample_replies(merged, policy.tokenizer, prompts, max_tokens=24, temperature=1.0, seed=1)
+        sample_replies(
+            merged,
+            policy.tokenizer,
+            prompts,
+            max_tokens=24,
+            temperature=1.0,
+            seeds=range(len(prompts)),
+        )
 
     async def run() -> list[float]:
         rss = []

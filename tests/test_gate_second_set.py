@@ -69,7 +69,13 @@ class ScriptedGate(PromotionGate):
         self.measured: list[tuple[int, bool]] = []
 
     async def _measure(
-        self, policy: Policy, version: int, weights: Any = None, *, second: bool = False
+        self,
+        policy: Policy,
+        version: int,
+        weights: Any = None,
+        *,
+        second: bool = False,
+        kept: bool = False,
     ) -> Measured:
         self.measured.append((version, second))
         on_topic, reward = self.script[(version, second)]

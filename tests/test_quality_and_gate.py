@@ -102,7 +102,7 @@ def test_probe_replies_carry_the_log_probs_a_full_forward_gives() -> None:
     policy = load_policy("tiny-random", "cpu", settings.trainer.lora)
     prompts = [[5, 9, 11, 30, 2], [7, 8], [40, 41, 42]]
     sampled = sample_replies(
-        policy.model, policy.tokenizer, prompts, max_tokens=12, temperature=0.7, seed=3
+        policy.model, policy.tokenizer, prompts, max_tokens=12, temperature=0.7, seeds=[3, 4, 5]
     )
     full = reply_logprobs(lambda mb: completion_logprobs(policy.model, mb)[0], sampled, "cpu")
     assert [len(x) for x in sampled.logprobs] == [len(c) for c in sampled.completions]

@@ -1,27 +1,29 @@
 """The promotion gate: a trained version is served only if it does not make things worse.
 
 Reward alone can rise while replies decay, so before the trainer announces a version it
-answers a probe set (drawn by a probe source, `liveloop.trainer.safeguards.sources`) with the
-new weights, in the trainer's own process: serving never waits for it. The version is refused when its judged
-probe reward falls below the serving version's (or version 0's) by more than
-`reward_margin`, when its KL to the reference model exceeds `max_kl`, when its replies'
-reference NLL per token exceeds `max_nll_ratio` times version 0's, or, for a model with
-language, when fewer of its replies name the question's topic than version 0's by more than
-`max_topic_drop`, when more of them are no answer at all (word salad, nonsense, repeats)
-than version 0's by more than `max_nonsense_rise`, or when more than `max_symbol_share` of
-them are dominated by symbols. A probe reply that calls an offered tool is a call, not an
-answer, and those measures leave it out (`ProbeResult.tool_call_share` counts it). A refused
-version is recorded and announced as rejected (never served), and the trainer trains on from
-the last accepted version. A candidate is only ever compared with versions probed on the
-same set: when a refreshing source draws a new one, version 0 and the serving version are
-probed on it again before the next candidate. When the serving version is itself beyond a
-drift bound on the new set, the source is asked for a second set (`second_draw`): until the
-next draw, a candidate that the first set finds beyond a drift bound answers the second set
-too, and the drift bounds decide on both sets together (reward is compared on the first set,
-where the serving version's is known). A candidate within the bounds costs one set, as
-before the second draw. With no probes at all (no traffic served yet)
-the gate has no evidence and accepts, saying so; a set drawn short (fewer served requests
-than it wants) is drawn again before the next update, not `refresh_versions` later.
+answers a probe set (drawn by a probe source, `liveloop.trainer.safeguards.sources`) with
+the new weights, in the trainer's own process: serving never waits for it. The version is
+refused when its judged probe reward falls below the serving version's (or version 0's) by
+more than `reward_margin`, when its KL to the reference model exceeds `max_kl`, when its
+replies' reference NLL per token exceeds `max_nll_ratio` times version 0's, or, for a model
+with language, when fewer of its replies name the question's topic than version 0's by more
+than `max_topic_drop`, when more of them are no answer at all (word salad, nonsense,
+repeats) than version 0's by more than `max_nonsense_rise`, or when more than
+`max_symbol_share` of them are dominated by symbols. A probe reply that calls an offered
+tool is a call, not an answer, and those measures leave it out
+(`ProbeResult.tool_call_share` counts it). A refused version is recorded and announced as
+rejected (never served), and the trainer trains on from the last accepted version. A
+candidate is only ever compared with versions probed on the same set: when a refreshing
+source draws a new one, version 0 and the serving version are probed on it before the next
+candidate, on the probes they have not answered only (each probe's reply is sampled with its
+own seed, so a measured reply stands in any set). When the serving version is itself beyond
+a drift bound on the new set, the source is asked for a second set (`second_draw`): until
+the next draw, a candidate that the first set finds beyond a drift bound answers the second
+set too, and the drift bounds decide on both sets together (reward is compared on the first
+set, where the serving version's is known). A candidate within the bounds costs one set, as
+before the second draw. With no probes at all (no traffic served yet) the gate has no
+evidence and accepts, saying so; a set drawn short (fewer served requests than it wants) is
+drawn again before the next update, not `refresh_versions` later.
 """
 
 from __future__ import annotations
@@ -46,17 +48,20 @@ from liveloop.probe_sources import Probe, ProbeSource
 from liveloop.sense import SenseCheck
 from liveloop.tenants import of_tenant
 from liveloop.trainer.policy import Policy
+from liveloop.trainer.safeguards.bounds import drift_reasons, reward_reasons
 from liveloop.trainer.safeguards.probing import (
     Measured,
     ProbeResult,
     Sampled,
+    joined,
     judge_replies,
+    pieces,
     pooled,
+    probe_seeds,
     render_prompts,
     reply_logprobs,
     sample_replies,
 )
-from liveloop.trainer.safeguards.shares import Mark, by_more_than, worse_beyond_noise
 
 log = logging.getLogger(__name__)
 
@@ -130,34 +135,43 @@ class PromotionGate:
         self.version0_both: ProbeResult | None = None  # version 0 on both sets, once drawn
         self._on_first: dict[int, Measured] = {}  # version 0 and the serving one, to pool
         self._live: dict[int, ProbeResult] = {}  # probes of recently accepted versions
-        self._prompts: dict[bool, list[list[int]]] = {}  # rendered, by "is the second set"
+        # rendered prompts and their sampling seeds, by "is the second set"
+        self._prompts: dict[bool, tuple[list[list[int]], list[int]]] = {}
+        # each probe's measures (by its seed) of version 0 and of the live versions: a set
+        # drawn again is probed on them only where it holds probes they have not answered
+        self._kept: dict[int, dict[int, Measured]] = {}
+        self._candidate: tuple[int, dict[int, Measured]] = (-1, {})  # kept if it goes live
 
-    def _sample(
-        self, policy: Policy, version: int, weights: Any, second: bool
-    ) -> tuple[Sampled, list[Any]]:
-        """Replies of `weights` (the reference's for version 0) and their reference log-probs."""
+    def _rendered(self, policy: Policy, second: bool) -> tuple[list[list[int]], list[int]]:
+        """The set's prompt ids, rendered as the server renders them, and their seeds."""
         if second not in self._prompts:
             probes = self.more if second else self.probes
-            self._prompts[second] = render_prompts(
-                policy.tokenizer, probes, self.tool_result_reminder
-            )
-        prompts = self._prompts[second]
+            prompts = render_prompts(policy.tokenizer, probes, self.tool_result_reminder)
+            self._prompts[second] = prompts, probe_seeds(self.cfg.seed, prompts)
+        return self._prompts[second]
+
+    def _sample(
+        self, policy: Policy, version: int, weights: Any, prompts: list[list[int]], seeds: list[int]
+    ) -> tuple[Sampled, list[Any]]:
+        """Replies of `weights` (the reference's for version 0) and their reference log-probs."""
         if version == 0:
             with reference_weights(policy) as model:
-                sampled = self._replies(model, policy.tokenizer, prompts)
+                sampled = self._replies(model, policy.tokenizer, prompts, seeds)
             return sampled, sampled.logprobs
-        sampled = self._replies(weights, policy.tokenizer, prompts)
+        sampled = self._replies(weights, policy.tokenizer, prompts, seeds)
         device = str(next(policy.model.parameters()).device)
         return sampled, reply_logprobs(policy.reference_logprobs, sampled, device)
 
-    def _replies(self, model: Any, tokenizer: Any, prompts: list[list[int]]) -> Sampled:
+    def _replies(
+        self, model: Any, tokenizer: Any, prompts: list[list[int]], seeds: list[int]
+    ) -> Sampled:
         return sample_replies(
             model,
             tokenizer,
             prompts,
             max_tokens=self.max_tokens,
             temperature=self.cfg.temperature,
-            seed=self.cfg.seed,
+            seeds=seeds,
         )
 
     async def probe(self, policy: Policy, version: int, weights: Any = None) -> ProbeResult:
@@ -167,22 +181,51 @@ class PromotionGate:
         return (await self._measure(policy, version, weights)).result()
 
     async def _measure(
-        self, policy: Policy, version: int, weights: Any = None, *, second: bool = False
+        self,
+        policy: Policy,
+        version: int,
+        weights: Any = None,
+        *,
+        second: bool = False,
+        kept: bool = False,
     ) -> Measured:
-        """`version`'s judged replies to the first probe set (or the second)."""
+        """`version`'s judged replies to the first probe set (or the second). A `kept` version
+        (version 0, or the serving one: its weights are the policy's) answers only the probes
+        it has not answered before; a candidate answers them all."""
         started = time.perf_counter()
         probes = self.more if second else self.probes
         if not probes:  # nothing to answer: a result with no evidence
             return Measured(version, [], [], [], [])
-        model = weights if weights is not None else policy.model
-        sampled, reference = await asyncio.to_thread(self._sample, policy, version, model, second)
-        seed = self.cfg.seed + (len(self.probes) if second else 0)  # the simulated reactions'
-        replies = await judge_replies(self.panel, probes, sampled, version, self.model, seed)
+        if not kept and self._candidate[0] != version:
+            self._candidate = (version, {})
+        known = self._kept.setdefault(version, {}) if kept else self._candidate[1]
+        seeds = self._rendered(policy, second)[1]
+        rows = [i for i, seed in enumerate(seeds) if seed not in known or not kept]
+        if rows:
+            model = weights if weights is not None else policy.model
+            fresh = await self._measure_rows(policy, version, model, probes, rows, second)
+            known.update((seeds[i], part) for i, part in zip(rows, pieces(fresh), strict=True))
+        whole = joined([known[seed] for seed in seeds], version)
+        whole.seconds = time.perf_counter() - started
+        return whole
+
+    async def _measure_rows(
+        self, policy: Policy, version: int, model: Any, probes: list[Probe], rows: list[int],
+        second: bool,
+    ) -> Measured:  # fmt: skip
+        """`model`'s judged replies to the probes at `rows` of a set."""
+        prompts, seeds = self._rendered(policy, second)
+        chosen, chosen_seeds = [probes[i] for i in rows], [seeds[i] for i in rows]
+        sampled, reference = await asyncio.to_thread(
+            self._sample, policy, version, model, [prompts[i] for i in rows], chosen_seeds
+        )
+        replies = await judge_replies(
+            self.panel, chosen, sampled, version, self.model, chosen_seeds
+        )
         sense = None
         if self.sense is not None:
             sense = await self.sense.rate([(r.question, r.reply) for r in replies])
-        return Measured(version, probes, replies, sampled.logprobs, reference, sense,
-                        time.perf_counter() - started)  # fmt: skip
+        return Measured(version, chosen, replies, sampled.logprobs, reference, sense)
 
     async def assess(self, policy: Policy, version: int, weights: Any = None) -> GateVerdict:
         """Probe `version` (as `probe`) and decide whether it may be served (`decide`). Where
@@ -257,6 +300,7 @@ class PromotionGate:
                     len(self.more),
                 )  # fmt: skip
                 beyond = await self._probe_second_set(policy, serving_version)
+        self._forget_other_probes()
         if beyond:
             log.warning(
                 "the serving version v%d%s is itself beyond the gate's bounds on the new probe "
@@ -275,15 +319,22 @@ class PromotionGate:
             self.version0.ref_nll,
         )
 
+    def _forget_other_probes(self) -> None:
+        """Keep the replies of the probes in the sets drawn now only (a set grows while too
+        little traffic has been served; a full one is drawn anew)."""
+        drawn = {seed for _, seeds in self._prompts.values() for seed in seeds}  # as measured
+        for version, known in self._kept.items():
+            self._kept[version] = {seed: m for seed, m in known.items() if seed in drawn}
+
     async def _probe_baselines(self, policy: Policy, serving_version: int) -> list[str]:
         """Probe version 0 and the serving version on the set; the drift bounds the serving
         version itself is beyond on it (it stays served; candidates close to it are refused)."""
-        self._on_first = {0: await self._measure(policy, 0)}
+        self._on_first = {0: await self._measure(policy, 0, kept=True)}
         self.version0 = self._on_first[0].result()
         self.accepted(self.version0)
         if serving_version == 0:
             return []
-        self._on_first[serving_version] = await self._measure(policy, serving_version)
+        self._on_first[serving_version] = await self._measure(policy, serving_version, kept=True)
         serving = self._on_first[serving_version].result()
         self.accepted(serving)
         return self._drift_reasons(serving, self.version0)
@@ -292,7 +343,9 @@ class PromotionGate:
         """Version 0 and the serving version on the second set too; the drift bounds the
         serving version is beyond on both sets together."""
         both = {
-            version: pooled(measured, await self._measure(policy, version, second=True)).result()
+            version: pooled(
+                measured, await self._measure(policy, version, second=True, kept=True)
+            ).result()
             for version, measured in self._on_first.items()
         }
         self.version0_both = both[0]
@@ -317,85 +370,24 @@ class PromotionGate:
     def _reward_reasons(
         self, candidate: ProbeResult, version0: ProbeResult, serving: ProbeResult
     ) -> list[str]:
-        """Probe reward below the serving version's (and version 0's) by more than the margin."""
-        margin, new = self.cfg.reward_margin, candidate.reward
-        bases = [("the serving version's", serving.reward)]
-        if self.cfg.compare_with_version0 and serving.version != 0:
-            bases.append(("version 0's", version0.reward))
-        return [
-            f"probe reward {new:+.3f} is below {name} {base:+.3f} by more than {margin:g}"
-            for name, base in bases
-            if base is not None and new is not None and by_more_than(base, new, margin)
-        ]
+        return reward_reasons(self.cfg, candidate, version0, serving)
 
     def _drift_reasons(self, candidate: ProbeResult, version0: ProbeResult) -> list[str]:
-        """Drift from the reference, and replies that stopped being answers."""
-        reasons: list[str] = []
-        if self.max_kl is not None and candidate.kl_ref > self.max_kl:
-            reasons.append(f"KL to the reference {candidate.kl_ref:.3f} > {self.max_kl:g}")
-        ratio = self.cfg.max_nll_ratio
-        if ratio is not None and candidate.ref_nll > ratio * version0.ref_nll:
-            reasons.append(
-                f"reference NLL {candidate.ref_nll:.3f} > {ratio:g} x version 0's "
-                f"{version0.ref_nll:.3f}"
-            )
-        drop, before, now = self.cfg.max_sense_drop, version0.sense_rate, candidate.sense_rate
-        if self._share_lost(version0, candidate, "sensible", drop, before, now, good=True):
-            reasons.append(
-                f"the sense judge read {now:.0%} of replies as sensible answers, below version "
-                f"0's {before:.0%} by more than {drop:.0%}"
-            )
-        if not self.has_language:
-            return reasons
-        drop, before, now = self.cfg.max_topic_drop, version0.topic_rate, candidate.topic_rate
-        if self._share_lost(version0, candidate, "on_topic", drop, before, now, good=True):
-            reasons.append(
-                f"topic rate {now:.0%} is below version 0's {before:.0%} by more than {drop:.0%}"
-            )
-        symbols = self.cfg.max_symbol_share
-        if symbols is not None and candidate.symbol_share > symbols:
-            reasons.append(
-                f"{candidate.symbol_share:.0%} of replies dominated by symbols > {symbols:.0%}"
-            )
-        rise, before, now = (
-            self.cfg.max_nonsense_rise,
-            version0.nonsense_share,
-            candidate.nonsense_share,
-        )
-        if self._share_lost(version0, candidate, "no_answer", rise, before, now, good=False):
-            reasons.append(
-                f"{now:.0%} of replies are no answer (nonsense, word salad, "
-                f"repeats), above version 0's {before:.0%} by more than {rise:.0%}"
-            )
-        return reasons
-
-    def _share_lost(
-        self,
-        version0: ProbeResult,
-        candidate: ProbeResult,
-        mark: Mark,
-        bound: float | None,
-        before: float | None,
-        now: float | None,
-        *,
-        good: bool,
-    ) -> bool:
-        """Whether a share (of replies whose `mark` is `good`, or not `good` for a share of bad
-        replies) got worse than version 0's by more than `bound` and beyond paired sampling
-        noise (`loss_z`); never where the bound is unset or either share unmeasured."""
-        if bound is None or before is None or now is None:
-            return False
-        high, low = (before, now) if good else (now, before)
-        return by_more_than(high, low, bound) and worse_beyond_noise(
-            version0, candidate, mark, good=good, z=self.cfg.loss_z
-        )
+        return drift_reasons(self.cfg, self.max_kl, self.has_language, candidate, version0)
 
     def accepted(self, result: ProbeResult) -> None:
-        """A version went live: it is the one the next candidates are compared with."""
+        """A version went live: it is the one the next candidates are compared with (and its
+        replies to the probes stand when they are drawn again)."""
         self.serving = result
         self._live[result.version] = result
         while len(self._live) > KEPT_RESULTS:
             del self._live[min(self._live)]
+        version, measured = self._candidate
+        if version == result.version:
+            self._kept[version] = measured
+            self._candidate = (-1, {})
+        while len(self._kept) > KEPT_RESULTS + 1:  # version 0's and the latest live ones'
+            del self._kept[min(set(self._kept) - {0})]
 
     def serve_again(self, version: int) -> None:
         """An earlier version's weights are live again (a rollback): compare with its probes."""

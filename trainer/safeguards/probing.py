@@ -5,8 +5,11 @@ A probe is a request (its messages, and tools if any) from a probe source
 question of the demo's held-out simulated users. A probe may carry how its asker reacts to a
 reply; the reaction is then the next state the configured judges score, exactly as in the
 judging loop, and without one the judges score the reply alone. Replies are sampled in one
-batched `generate` with a fixed seed, so two versions answer the same questions with the
-same random numbers, which keeps their comparison tight. The sampling model's own log-probs
+batched `generate`, each with random numbers of its own, seeded by what the probe asks
+(`probe_seeds`): two versions answer the same question with the same random numbers, which
+keeps their comparison tight, whichever other probes share the batch, so a version's reply
+to a probe measured once can stand in any later set that holds the probe. The sampling
+model's own log-probs
 of the sampled tokens come from the logits `generate` computed anyway, so only the reference
 model runs a second pass: each reply's NLL per token under it (how unnatural the reply is)
 and a k3 estimate of the KL from the policy to the reference.
@@ -14,8 +17,9 @@ and a k3 estimate of the KL from the policy to the reference.
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +129,34 @@ class Measured:
         return result
 
 
+def pieces(measured: Measured) -> list[Measured]:
+    """One version's measures split probe by probe (each with its share of the seconds)."""
+    n = len(measured.probes)
+    share = measured.seconds / max(n, 1)
+    sense = measured.sense
+    return [
+        Measured(
+            measured.version,
+            [measured.probes[i]],
+            [measured.replies[i]],
+            [measured.logprobs[i]],
+            [measured.reference[i]],
+            None if sense is None else SenseReport([sense.verdicts[i]], sense.seconds / n),
+            share,
+        )
+        for i in range(n)
+    ]
+
+
+def joined(parts: list[Measured], version: int) -> Measured:
+    """Measures of one version on several probes (or sets) as one, in the order given."""
+    sensed = bool(parts) and all(part.sense is not None for part in parts)
+    whole = Measured(version, [], [], [], [], SenseReport([], 0.0) if sensed else None)
+    for part in parts:
+        whole = pooled(whole, part)
+    return whole
+
+
 def pooled(first: Measured, second: Measured) -> Measured:
     """One version's measures on two probe sets, as if it had answered them as one set."""
     sense = None
@@ -154,6 +186,18 @@ def render_prompts(
     return [template.render_ids(p.messages, p.tools) for p in probes]
 
 
+def probe_seeds(seed: int, prompts: list[list[int]]) -> list[int]:
+    """A sampling seed per prompt from the prompt's ids (and how many times the same prompt
+    came before it in the list), so that a probe gets the same seed in any set."""
+    seen: dict[tuple[int, ...], int] = {}
+    seeds = []
+    for prompt in prompts:
+        nth = seen[tuple(prompt)] = seen.get(tuple(prompt), -1) + 1
+        digest = hashlib.blake2b(repr((seed, nth, prompt)).encode(), digest_size=7).digest()
+        seeds.append(int.from_bytes(digest, "big"))
+    return seeds
+
+
 def sample_replies(
     model: Any,
     tokenizer: Any,
@@ -161,10 +205,13 @@ def sample_replies(
     *,
     max_tokens: int,
     temperature: float,
-    seed: int,
+    seeds: Sequence[int],
 ) -> Sampled:
-    """Sample one reply per prompt in one batched, seeded `generate` (left-padded)."""
+    """Sample one reply per prompt in one batched `generate` (left-padded), each prompt's
+    with the random numbers of its own seed: the same prompt and seed give the same reply
+    whatever else is in the batch."""
     import torch
+    from transformers import LogitsProcessorList
 
     eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
@@ -175,15 +222,15 @@ def sample_replies(
     was_training = model.training
     model.eval()
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(seed)
+        with torch.no_grad():
             out = model.generate(
                 input_ids=ids.to(model.device),
                 attention_mask=mask.to(model.device),
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
+                do_sample=False,  # the sampling is RowSampler's: the largest noised logit
+                temperature=None,
+                top_k=None,
+                top_p=None,
+                logits_processor=LogitsProcessorList([RowSampler(seeds, temperature)]),
                 max_new_tokens=max_tokens,
                 pad_token_id=pad,
                 eos_token_id=sorted(eos_ids),
@@ -201,6 +248,27 @@ def sample_replies(
     texts = [tokenizer.decode(c, skip_special_tokens=True).strip() for c in completions]
     own = [logp[i, : len(c)] for i, c in enumerate(completions)]
     return Sampled(list(prompts), completions, texts, own)
+
+
+class RowSampler:
+    """A logits processor that turns greedy decoding into sampling at `temperature`, each row
+    with its own seeded generator (the Gumbel-max trick: the largest of logit / temperature
+    plus Gumbel noise is a draw from the tempered softmax). A row's draws depend only on its
+    seed, never on the batch around it, unlike `generate`'s own sampling."""
+
+    def __init__(self, seeds: Sequence[int], temperature: float) -> None:
+        import torch
+
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        vocab = scores.shape[-1]
+        uniform = torch.stack([torch.rand(vocab, generator=g) for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
+        return scores.float() / self.temperature + gumbel.to(scores.device)
 
 
 def _sampled_logprobs(logits: tuple[torch.Tensor, ...], sampled: torch.Tensor) -> torch.Tensor:
@@ -258,15 +326,21 @@ def probe_record(probe: Probe, sampled: Sampled, i: int, version: int, model: st
 
 
 async def judge_replies(
-    panel: JudgePanel, probes: list[Probe], sampled: Sampled, version: int, model: str, seed: int
+    panel: JudgePanel,
+    probes: list[Probe],
+    sampled: Sampled,
+    version: int,
+    model: str,
+    seeds: Sequence[int],
 ) -> list[ProbeReply]:
-    """React (held-out users) and judge every reply with the configured panel."""
+    """React (held-out users, each with the probe's seed) and judge every reply with the
+    configured panel."""
     replies: list[ProbeReply] = []
     for i, probe in enumerate(probes):
         text = sampled.texts[i]
         reaction = None
         if probe.react is not None:
-            reaction = probe.react(text, random.Random(seed + i))
+            reaction = probe.react(text, random.Random(seeds[i]))
         state = NextState(messages=[{"role": "user", "content": reaction}] if reaction else None)
         record = probe_record(probe, sampled, i, version, model)
         verdict = await panel.judge(JudgeRequest.for_turn(record, state))
