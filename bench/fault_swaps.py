@@ -25,6 +25,7 @@ import redis
 from bench.audit import entries
 from bench.fault_outages import metric
 from bench.fleet import Fleet
+from liveloop.server.http_guard import REASONS
 
 ADMIN_KEY = "sk-bench-admin"
 CORRUPT = ("truncated", "wrong_shapes", "nans", "missing")
@@ -79,11 +80,13 @@ async def _stream(client: httpx.AsyncClient, i: int, max_tokens: int) -> dict[st
         "stream": True,
     }
     started = time.perf_counter()
+    lines: list[str] = []
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            lines = [line async for line in response.aiter_lines()]
-    except httpx.HTTPError as exc:
-        return {"ok": False, "status": 0, "error": repr(exc)}
+            async for line in response.aiter_lines():
+                lines.append(line)
+    except httpx.HTTPError as exc:  # how far it got tells a reset request from a cut stream
+        return {"ok": False, "status": 0, "error": f"{exc!r} after {len(lines)} lines"}
     errors = [e for e in (_event(line) for line in lines) if isinstance(e, dict) and "error" in e]
     done = "data: [DONE]" in lines
     return {
@@ -212,6 +215,10 @@ def run_swaps_under_load(
         "records_spanning_a_swap": sum(1 for v in versions if len(set(v)) > 1),
         "streams_open_at_last_swap": open_at_last,
         "distinct_versions_served": len({x for v in versions for x in v}),
+        "connections_closed_by_limits": {
+            reason: metric(text, f'liveloop_http_connections_closed_total{{reason="{reason}"}}')
+            for reason in REASONS
+        },
     }
 
 

@@ -112,6 +112,7 @@ def run(
             log_config=None,
             access_log=False,
             lifespan="on",
+            timeout_keep_alive=cfg.keep_alive_timeout_s,
             timeout_graceful_shutdown=5,
         )
         server = uvicorn.Server(config)

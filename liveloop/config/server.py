@@ -94,6 +94,14 @@ class ServerConfig(Section):
         description="A response whose writes stay blocked this long (the client stopped "
         "reading) is aborted, which cancels the request and frees its engine slot.",
     )
+    keep_alive_timeout_s: int = Field(
+        75,
+        ge=1,
+        description="An idle keep-alive connection is closed after this many seconds. Longer "
+        "than the idle timeouts of the clients and proxies in front (httpx and the OpenAI "
+        "SDK 5 s, load balancers often 60 s), so that they close first: a server closing "
+        "first can reset a request the client sent on the connection at that moment.",
+    )
     limits: KeyLimits = Field(
         default_factory=KeyLimits,
         description="Limits of every API key; over one, a request gets 429 with Retry-After.",
