@@ -9,10 +9,9 @@ batched `generate`, each with random numbers of its own, seeded by what the prob
 (`probe_seeds`): two versions answer the same question with the same random numbers, which
 keeps their comparison tight, whichever other probes share the batch, so a version's reply
 to a probe measured once can stand in any later set that holds the probe. The sampling
-model's own log-probs
-of the sampled tokens come from the logits `generate` computed anyway, so only the reference
-model runs a second pass: each reply's NLL per token under it (how unnatural the reply is)
-and a k3 estimate of the KL from the policy to the reference.
+model's own log-probs of the sampled tokens come from the logits `generate` computed anyway,
+so only the reference model runs a second pass: each reply's NLL per token under it (how
+unnatural the reply is) and a k3 estimate of the KL from the policy to the reference.
 """
 
 from __future__ import annotations
