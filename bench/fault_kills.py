@@ -170,8 +170,10 @@ class Killer:
                     return
                 if self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
                     return
-                aim = self.loop in ("train", "collect") and self.kills % 2 == 0
-                phase = self._aim() if aim else "random"
+                aim = self.loop in ("train", "collect") and (
+                    self.kills % 2 == 0 or not self._landed()  # every kill until one lands
+                )
+                phase = self._aim(client) if aim else "random"
                 if phase is None:
                     return  # stopped while waiting for a write to aim at
                 self.fleet.kill(self.loop, phase)
@@ -192,11 +194,29 @@ class Killer:
             self.stop.wait(0.2)
         return False
 
-    def _aim(self) -> str | None:
+    def _landed(self) -> bool:
+        """Whether a kill of this loop has landed mid-write yet."""
+        return any(a in ("checkpoint", "batch") for a in self.aimed)
+
+    def _room_for_a_batch(self, client: redis.Redis) -> bool:
+        """Wait (at most 60 s) until the trainer has read every published batch: the
+        collector publishes its next one only then (`collector.max_queued_batches` is 1), so
+        a write comes soon. False if the run stopped meanwhile."""
+        deadline = time.monotonic() + 60.0
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            trainer = [g for g in _groups(client, "batches") if g["name"] == "trainer"]
+            if trainer and not int(trainer[0].get("lag") or 0):
+                return True
+            self.stop.wait(0.2)
+        return not self.stop.is_set()
+
+    def _aim(self, client: redis.Redis) -> str | None:
         """Freeze the loop mid-write (bounded wait): 'checkpoint'/'batch', 'missed' if the
         evidence is not there once it is frozen, 'random' if no write came in time, None
         if the run stopped meanwhile (no kill then)."""
         what = "checkpoint" if self.loop == "train" else "batch"
+        if what == "batch" and not self._room_for_a_batch(client):
+            return None
         pid = self.fleet.loops[self.loop].pid
         self.watcher.arm(what, pid)
         caught = self.watcher.caught[what]
@@ -209,11 +229,7 @@ class Killer:
                 return None if self.stop.is_set() else "random"
         if what == "checkpoint":
             return what if any(self.fleet.checkpoints_dir.glob(f".v*.tmp-{pid}")) else "missed"
-        client = redis.Redis.from_url(self.fleet.redis_url, decode_responses=True)
-        try:
-            return what if self._batch_unacked(client) else "missed"
-        finally:
-            client.close()
+        return what if self._batch_unacked(client) else "missed"
 
     def _batch_unacked(self, client: redis.Redis) -> bool:
         """True if the batch being written is partial or a turn of it is unacknowledged."""
