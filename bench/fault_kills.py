@@ -49,6 +49,9 @@ CONFIG: dict[str, Any] = {
         "group_wait_s": 0.2,
         "consumer": {"name": "collector-0", "claim_idle_ms": 5000},
         "inline_max_bytes": 1024,  # batches by reference: a batch write takes a file write
+        # a few batches may wait for the trainer, which is killed and restarted all the
+        # while: with one, publishing stalls whenever the trainer is down
+        "max_queued_batches": 4,
     },
     "max_staleness": 1_000_000,  # every judged turn must reach a batch
     "trainer": {
@@ -199,13 +202,14 @@ class Killer:
         return any(a in ("checkpoint", "batch") for a in self.aimed)
 
     def _room_for_a_batch(self, client: redis.Redis) -> bool:
-        """Wait (at most 60 s) until the trainer has read every published batch: the
-        collector publishes its next one only then (`collector.max_queued_batches` is 1), so
-        a write comes soon. False if the run stopped meanwhile."""
+        """Wait (at most 60 s) until fewer batches wait for the trainer than
+        `collector.max_queued_batches`: the collector publishes only then, so a write comes
+        soon. False if the run stopped meanwhile."""
         deadline = time.monotonic() + 60.0
         while not self.stop.is_set() and time.monotonic() < deadline:
             trainer = [g for g in _groups(client, "batches") if g["name"] == "trainer"]
-            if trainer and not int(trainer[0].get("lag") or 0):
+            queued = CONFIG["collector"]["max_queued_batches"]
+            if trainer and int(trainer[0].get("lag") or 0) < queued:
                 return True
             self.stop.wait(0.2)
         return not self.stop.is_set()
