@@ -54,13 +54,20 @@ class GrowingSet(ProbeSource):
 
 
 class CountingGate(PromotionGate):
-    """A gate that counts the replies it samples."""
+    """A gate that records how many probes each version is sampled on, call by call."""
 
-    sampled = 0
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sampled: list[tuple[int, int]] = []
 
     def _sample(self, policy: Policy, version: int, weights: Any, prompts: Any, seeds: Any) -> Any:
-        self.sampled += len(prompts)
+        self.sampled.append((version, len(prompts)))
         return super()._sample(policy, version, weights, prompts, seeds)
+
+    @property
+    def replies(self) -> int:
+        """Replies sampled so far."""
+        return sum(n for _, n in self.sampled)
 
 
 def nudge(policy: Policy, seed: int) -> None:
@@ -86,7 +93,7 @@ async def replay(model: str, sizes: list[int], keep: bool) -> dict[str, Any]:
     started = time.perf_counter()
     await gate.start(policy, 0)
     draws = [{"probes": sizes[0], "seconds": time.perf_counter() - started,
-              "replies": gate.sampled}]  # fmt: skip
+              "replies": gate.replies}]  # fmt: skip
     candidate_s = 0.0
     for version, size in enumerate(sizes[1:], start=1):
         nudge(policy, version)
@@ -96,11 +103,11 @@ async def replay(model: str, sizes: list[int], keep: bool) -> dict[str, Any]:
         gate.accepted(verdict.on_first_set)
         if not keep:
             gate._kept.clear()
-        source.size, before = size, gate.sampled
+        source.size, before = size, gate.replies
         started = time.perf_counter()
         await gate.refresh(policy, version)
         draws.append({"probes": size, "seconds": time.perf_counter() - started,
-                      "replies": gate.sampled - before})  # fmt: skip
+                      "replies": gate.replies - before})  # fmt: skip
     return {
         "baseline_seconds": round(sum(d["seconds"] for d in draws), 1),
         "baseline_replies": sum(d["replies"] for d in draws),

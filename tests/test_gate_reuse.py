@@ -5,17 +5,17 @@ they have not answered, and gets what probing the whole set would have given."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 import redis.asyncio as aredis
 import torch
 
+from bench.gate_refresh import CountingGate
 from liveloop.config import load_settings
 from liveloop.contracts import TurnRecord
 from liveloop.probe_sources import ProbeContext
 from liveloop.trainer.policy import Policy, load_policy
-from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
+from liveloop.trainer.safeguards.gate import build_panel
 from liveloop.trainer.safeguards.probing import probe_seeds, sample_replies
 from liveloop.trainer.safeguards.sources import ServedPrompts
 from tests.synthetic import make_turn, user, write_turns
@@ -74,18 +74,6 @@ def test_per_prompt_sampling_draws_from_the_tempered_softmax() -> None:
     share = sum(c[0] == top for c in sampled.completions) / n
     assert 0.2 < p_top < 0.9, p_top
     assert abs(share - p_top) < 4 * math.sqrt(p_top * (1 - p_top) / n), (share, p_top)
-
-
-class CountingGate(PromotionGate):
-    """A gate that counts how many probes each version is sampled on, call by call."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sampled: list[tuple[int, int]] = []
-
-    def _sample(self, policy: Policy, version: int, weights: Any, prompts: Any, seeds: Any) -> Any:
-        self.sampled.append((version, len(prompts)))
-        return super()._sample(policy, version, weights, prompts, seeds)
 
 
 def _turns(first: int, last: int) -> list[TurnRecord]:
