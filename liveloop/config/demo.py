@@ -25,7 +25,8 @@ class DemoConfig(Section):
         32,
         ge=0,
         description="Held-out weather questions asked of version 0 and of the final version "
-        "at the end, each as a session's first message with the weather tool offered; the "
+        "at the end, each as a session's first message with the weather tool offered and "
+        "its own sampling seed (the same for both versions); the "
         "report shows how many first replies called the tool. 0 (or weather_share 0): none.",
     )
     turns_per_update: int = Field(
