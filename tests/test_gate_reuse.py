@@ -120,3 +120,11 @@ async def test_a_grown_probe_set_is_probed_only_on_its_new_probes_with_the_same_
         for name in ("kl_ref", "ref_nll"):
             assert getattr(reused.result(), name) == pytest.approx(getattr(whole.result(), name))
     assert gate.version0 is not None and gate.version0.probes == 7
+    short = gate.probes
+    await write_turns(aredis_client, _turns(7, 30))
+    gate.sampled.clear()
+    await gate.refresh(policy, 2)  # topped up: the 7 stay, 1 of the 23 new requests added
+    assert len(gate.probes) == 8 and all(p in gate.probes for p in short)
+    assert gate.sampled == [(0, 1), (2, 1)] and gate.version0.probes == 8
+    full = await gate.source.draw()  # a full set is drawn afresh: a seeded sample of 30
+    assert len(full) == 8 and full == await gate.source.draw() and full != gate.probes

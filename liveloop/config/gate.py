@@ -44,8 +44,9 @@ class GateSettings(Section):
         ge=1,
         description="A refreshing source ('served') draws a new probe set every this many "
         "versions, and before every update while its last set was short of "
-        "served_probes (too little traffic yet); version 0 and the serving version are "
-        "probed on a changed set first.",
+        "served_probes (too little traffic yet; a short set is topped up, its probes kept); "
+        "version 0 and the serving version are probed on a changed set first, on its new "
+        "probes only.",
     )
     second_draw: bool = Field(
         True,

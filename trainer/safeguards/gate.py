@@ -23,7 +23,7 @@ set too, and the drift bounds decide on both sets together (reward is compared o
 set, where the serving version's is known). A candidate within the bounds costs one set, as
 before the second draw. With no probes at all (no traffic served yet) the gate has no
 evidence and accepts, saying so; a set drawn short (fewer served requests than it wants) is
-drawn again before the next update, not `refresh_versions` later.
+drawn again (topped up) before the next update, not `refresh_versions` later.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Built in, by `trainer.gate.probe_source`:
 - `prompts`: the operator's `trainer.gate.prompts`, one user message each;
 - `served`: a seeded sample of recent main turns from `liveloop:turns`, their requests as
   they were served (side turns are never drawn, opted-out requests were never recorded,
-  and with `tenant` set, no other tenant's turn);
+  and with `tenant` set, no other tenant's turn); a set drawn short is topped up;
 - `auto` (the default): `prompts` when there are any, else `served`.
 Both give each probe the topic its last user message names
 (`liveloop.reading.question_topic`), so the gate's topic rate applies to them.
@@ -30,7 +30,7 @@ from liveloop import bus
 from liveloop.config import ConfigError
 from liveloop.config.gate import GateSettings
 from liveloop.contracts import TurnRecord
-from liveloop.probe_sources import Probe, ProbeSource
+from liveloop.probe_sources import Probe, ProbeContext, ProbeSource
 from liveloop.reading import question_topic
 
 log = logging.getLogger(__name__)
@@ -51,14 +51,35 @@ class OperatorPrompts(ProbeSource):
 
 
 class ServedPrompts(ProbeSource):
-    """A fixed, seeded sample of the requests most recently served (main turns only)."""
+    """A fixed, seeded sample of the requests most recently served (main turns only).
+
+    A set drawn short (less traffic than `served_probes` requests) is topped up when drawn
+    again: its probes still among the recent requests stay, and a seeded sample of the
+    others fills it, so the gate's baselines answer only the added probes. A full set is
+    drawn afresh (newer traffic) when the gate asks for one.
+    """
 
     name = "served"
     refreshes = True
 
+    def __init__(self, context: ProbeContext) -> None:
+        super().__init__(context)
+        self._short_set: list[Probe] = []  # the last set drawn, while it fell short
+
     async def draw(self) -> list[Probe]:
-        """Up to `served_probes` distinct recent requests, sampled with the gate's seed."""
-        return self._sample(await self._recent(), self.context.gate.seed, "")
+        """Up to `served_probes` distinct recent requests, sampled with the gate's seed (all
+        of the last set's still recent probes among them when that set fell short)."""
+        recent = await self._recent()
+        available = {_request_key(p.messages, p.tools) for p in recent}
+        kept = [p for p in self._short_set if _request_key(p.messages, p.tools) in available]
+        known = {_request_key(p.messages, p.tools) for p in kept}
+        others = [p for p in recent if _request_key(p.messages, p.tools) not in known]
+        added = self._sample(others, self.context.gate.seed, "", room=len(kept))
+        drawn = _newest_first(kept + added, recent)
+        if kept:
+            log.info("gate probes: %d kept from the last set, which fell short", len(kept))
+        self._short_set = drawn if self.fell_short(drawn) else []
+        return drawn
 
     async def draw_more(self, taken: list[Probe]) -> list[Probe]:
         """Up to `served_probes` more distinct recent requests, none of them in `taken`."""
@@ -68,9 +89,10 @@ class ServedPrompts(ProbeSource):
         ]
         return self._sample(candidates, self.context.gate.seed + 1, "more ")
 
-    def _sample(self, candidates: list[Probe], seed: int, more: str) -> list[Probe]:
-        """Up to `served_probes` of the candidates, sampled with `seed`."""
-        count = min(self.context.gate.served_probes, len(candidates))
+    def _sample(self, candidates: list[Probe], seed: int, more: str, room: int = 0) -> list[Probe]:
+        """Up to `served_probes` (less `room`, probes already taken) of the candidates,
+        sampled with `seed`."""
+        count = min(self.context.gate.served_probes - room, len(candidates))
         drawn = random.Random(seed).sample(candidates, count)
         log.info(
             "gate probes: %d %sserved requests drawn from %d", len(drawn), more, len(candidates)
@@ -101,6 +123,13 @@ class ServedPrompts(ProbeSource):
     def _eligible(self, turn: TurnRecord) -> bool:
         tenant = self.context.tenant
         return turn.turn_type == "main" and (tenant is None or turn.tenant == tenant)
+
+
+def _newest_first(probes: list[Probe], recent: list[Probe]) -> list[Probe]:
+    """`probes` in the order of `recent` (newest first): a set is the same list however it
+    was drawn (topped up or at once)."""
+    rank = {_request_key(p.messages, p.tools): i for i, p in enumerate(recent)}
+    return sorted(probes, key=lambda p: rank[_request_key(p.messages, p.tools)])
 
 
 def _request_key(messages: Any, tools: Any) -> str:
