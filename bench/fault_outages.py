@@ -21,7 +21,7 @@ import httpx
 import redis
 
 from bench.audit import audit_judging, audit_turns
-from bench.fault_kills import CONFIG
+from bench.fault_killers import CONFIG
 from bench.fleet import Fleet
 from bench.traffic import Served, Traffic, latency_summary
 
