@@ -106,7 +106,7 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
 ) -> None:
     """A trainer started before any traffic draws no probes; its gate draws again before
     every update until its set is full (not `refresh_versions` later: ten unguarded versions),
-    then every `refresh_versions` versions. A serving version beyond a bound on a new set is
+    then after every `refresh_versions` candidates. A serving version beyond a bound on a new set is
     looked at again on a second set, and reported if still beyond on both: it stays served,
     and candidates close to it cannot pass; one within the bounds on the first set is not
     looked at on the second."""
@@ -138,14 +138,17 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
     assert len(gate.probes) == 8 and gate.version0.probes == 8 and gate.drawn_at == 2
     full = gate.probes
     await write_turns(aredis_client, served(9, 12))
-    await gate.refresh(policy, 4)  # full, two versions since the draw: kept
-    assert gate.probes == full and gate.drawn_at == 2
+    for version in (3, 4):
+        await gate.assess(policy, version)
+    await gate.refresh(policy, 40)  # full, two candidates since the draw: kept
+    assert gate.probes == full and gate.drawn_at == 2 and gate.assessed == 2
+    await gate.assess(policy, 5)  # the third: a refresh is due, whatever the version numbers
     with torch.no_grad():  # the serving weights drift from the reference
         for weight in policy.model.parameters():
             if weight.requires_grad:
                 weight.add_(torch.randn_like(weight) * 0.5)
     with caplog.at_level(logging.INFO, logger="liveloop.trainer.safeguards.gate"):
-        await gate.refresh(policy, 5)  # refresh_versions since the draw: a new sample of 12
+        await gate.refresh(policy, 5)  # a new sample of 12
     # v5 is beyond the KL bound on the new 8: a second set, of the 4 requests left
     assert "v5 is beyond a bound on 8 probes (KL to the reference" in caplog.text
     assert "drew 4 more" in caplog.text
@@ -166,9 +169,12 @@ async def test_a_gate_on_served_probes_has_no_evidence_at_first_then_draws_and_r
     caplog.clear()
     gate.cfg = gate.cfg.model_copy(update={"second_draw": False})
     drawn = gate.probes
+    await gate.assess(policy, 8)  # with v6 and v7, the third candidate since the draw
     await gate.refresh(policy, 8)  # due, but the same 8 drawn again: set and baselines stand
     assert gate.probes is drawn and len(gate.more) == 4 and gate.drawn_at == 8
     await write_turns(aredis_client, served(12, 20))
+    for version in (9, 10, 11):
+        await gate.assess(policy, version)
     with caplog.at_level(logging.INFO, logger="liveloop.trainer.safeguards.gate"):
         await gate.refresh(policy, 11)  # a new draw, no second look
     assert len(gate.probes) == 8 and gate.more == [] and "drew" not in caplog.text

@@ -42,8 +42,9 @@ class GateSettings(Section):
     refresh_versions: int = Field(
         10,
         ge=1,
-        description="A refreshing source ('served') draws a new probe set every this many "
-        "versions, and before every update while its last set was short of "
+        description="A refreshing source ('served') draws a new probe set after this many "
+        "candidates probed on the last (a tenant's gate: that tenant's own versions), and "
+        "before every update while its last set was short of "
         "served_probes (too little traffic yet; a short set is topped up, its probes kept); "
         "version 0 and the serving version are probed on a changed set first, on its new "
         "probes only.",

@@ -126,6 +126,7 @@ class PromotionGate:
         self.probes: list[Probe] = []
         self.more: list[Probe] = []  # the second set (`second_draw`), until the next draw
         self.drawn_at = 0  # the version the probe set was drawn at
+        self.assessed = 0  # candidates since the draw (a tenant's gate: its own versions)
         defaults = model_defaults(model)
         self.max_tokens = self.cfg.max_tokens or defaults.reply_tokens
         self.max_kl = self.cfg.max_kl if self.cfg.max_kl is not None else defaults.gate_max_kl
@@ -232,6 +233,7 @@ class PromotionGate:
         a second set was drawn and the first finds the candidate beyond a drift bound (its
         reward within the margins), it answers the second set too and the drift bounds apply
         to both sets together."""
+        self.assessed += 1
         first = await self._measure(policy, version, weights)
         verdict = self.decide(first.result())
         assert self.version0 is not None and self.serving is not None
@@ -261,14 +263,14 @@ class PromotionGate:
         await self._baselines(policy, serving_version)
 
     async def refresh(self, policy: Policy, serving_version: int) -> None:
-        """Before an update: a refreshing source draws a new probe set every
-        `refresh_versions` versions, and before every update while its set falls short (a
+        """Before an update: a refreshing source draws a new probe set after
+        `refresh_versions` candidates, and before every update while its set falls short (a
         trainer started before any traffic has none); a changed set is probed on version 0
         and the serving version (`policy` holds the serving weights now) before any
         candidate meets it."""
         if not self.source.refreshes:
             return
-        due = serving_version - self.drawn_at >= self.cfg.refresh_versions
+        due = self.assessed >= self.cfg.refresh_versions
         if not due and not self.source.fell_short(self.probes):
             return
         before = self.probes
@@ -279,7 +281,7 @@ class PromotionGate:
 
     async def _draw(self, version: int) -> None:
         drawn = await self.source.draw()
-        self.drawn_at = version
+        self.drawn_at, self.assessed = version, 0
         if drawn == self.probes:
             return  # the same set (no new traffic): its baselines and second set stand
         self.probes, self.more, self.version0_both = drawn, [], None

@@ -2,7 +2,7 @@
 
 A probe source draws the probe set the gate answers with each candidate's weights. The gate
 compares a candidate only with versions probed on the same set, so when a source draws a new
-set (every `trainer.gate.refresh_versions` versions, for sources that refresh), the gate
+set (after `trainer.gate.refresh_versions` candidates, for sources that refresh), the gate
 probes version 0 and the serving version on it again first.
 
 Built in, by `trainer.gate.probe_source`:
