@@ -64,29 +64,27 @@ class ServedPrompts(ProbeSource):
 
     def __init__(self, context: ProbeContext) -> None:
         super().__init__(context)
-        self._short_set: list[Probe] = []  # the last set drawn, while it fell short
+        self._short_set: set[str] = set()  # the last set's request keys, while it fell short
 
     async def draw(self) -> list[Probe]:
         """Up to `served_probes` distinct recent requests, sampled with the gate's seed (all
-        of the last set's still recent probes among them when that set fell short)."""
-        recent = await self._recent()
-        available = {_request_key(p.messages, p.tools) for p in recent}
-        kept = [p for p in self._short_set if _request_key(p.messages, p.tools) in available]
-        known = {_request_key(p.messages, p.tools) for p in kept}
-        others = [p for p in recent if _request_key(p.messages, p.tools) not in known]
+        of the last set's still recent probes among them when that set fell short), newest
+        first: a set is the same list however it was drawn (topped up or at once)."""
+        recent = {_probe_key(p): p for p in await self._recent()}  # newest first
+        kept = self._short_set & recent.keys()
+        others = [p for key, p in recent.items() if key not in kept]
         added = self._sample(others, self.context.gate.seed, "", room=len(kept))
-        drawn = _newest_first(kept + added, recent)
+        chosen = kept | {_probe_key(p) for p in added}
+        drawn = [p for key, p in recent.items() if key in chosen]
         if kept:
             log.info("gate probes: %d kept from the last set, which fell short", len(kept))
-        self._short_set = drawn if self.fell_short(drawn) else []
+        self._short_set = chosen if self.fell_short(drawn) else set()
         return drawn
 
     async def draw_more(self, taken: list[Probe]) -> list[Probe]:
         """Up to `served_probes` more distinct recent requests, none of them in `taken`."""
-        known = {_request_key(p.messages, p.tools) for p in taken}
-        candidates = [
-            p for p in await self._recent() if _request_key(p.messages, p.tools) not in known
-        ]
+        known = {_probe_key(p) for p in taken}
+        candidates = [p for p in await self._recent() if _probe_key(p) not in known]
         return self._sample(candidates, self.context.gate.seed + 1, "more ")
 
     def _sample(self, candidates: list[Probe], seed: int, more: str, room: int = 0) -> list[Probe]:
@@ -125,11 +123,9 @@ class ServedPrompts(ProbeSource):
         return turn.turn_type == "main" and (tenant is None or turn.tenant == tenant)
 
 
-def _newest_first(probes: list[Probe], recent: list[Probe]) -> list[Probe]:
-    """`probes` in the order of `recent` (newest first): a set is the same list however it
-    was drawn (topped up or at once)."""
-    rank = {_request_key(p.messages, p.tools): i for i, p in enumerate(recent)}
-    return sorted(probes, key=lambda p: rank[_request_key(p.messages, p.tools)])
+def _probe_key(probe: Probe) -> str:
+    """What makes two probes the same served request."""
+    return _request_key(probe.messages, probe.tools)
 
 
 def _request_key(messages: Any, tools: Any) -> str:
