@@ -109,6 +109,9 @@ async def test_a_grown_probe_set_is_probed_only_on_its_new_probes_with_the_same_
     await gate.refresh(policy, 2)  # short: drawn again, 7 probes, 4 of them new
     assert len(gate.probes) == 7
     assert gate.sampled == [(0, 4), (2, 4)]  # the 3 known probes are not sampled again
+    kept = gate.reference_prompts  # the reference ran each prompt once: 3, then 4 new ones
+    prompts = gate._rendered(policy, False)[0]
+    assert set(kept.entries) == {tuple(p) for p in prompts} and kept.encoded == 7
     fresh = _gate(aredis_client)
     await fresh.start(policy, 2)  # the whole set at once
     assert fresh.sampled == [(0, 7), (2, 7)] and fresh.probes == gate.probes

@@ -70,6 +70,15 @@ class GateSettings(Section):
         le=2,
         description="Sampling temperature of probe replies (1 keeps the KL estimate unbiased).",
     )
+    reference_cache_mib: int = Field(
+        512,
+        ge=0,
+        description="Memory (MiB, on the trainer's device) for the reference model's keys and "
+        "values of the probe prompts, computed once per probe set: each probed version is "
+        "then scored under the reference over its reply tokens only. A prompt beyond the "
+        "budget is run with its reply each time (slower, the same log-probs); 0 keeps none. "
+        "A gate's own budget: in tenant scope, each tenant's gate has one.",
+    )
     reward_margin: float = Field(
         0.25,
         ge=0,

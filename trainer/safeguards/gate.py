@@ -49,6 +49,7 @@ from liveloop.sense import SenseCheck
 from liveloop.tenants import of_tenant
 from liveloop.trainer.policy import Policy
 from liveloop.trainer.safeguards.bounds import drift_reasons, reward_reasons
+from liveloop.trainer.safeguards.prefixes import ReferencePrompts
 from liveloop.trainer.safeguards.probing import (
     Measured,
     ProbeResult,
@@ -59,7 +60,6 @@ from liveloop.trainer.safeguards.probing import (
     pooled,
     probe_seeds,
     render_prompts,
-    reply_logprobs,
     sample_replies,
 )
 
@@ -142,6 +142,7 @@ class PromotionGate:
         # drawn again is probed on them only where it holds probes they have not answered
         self._kept: dict[int, dict[int, Measured]] = {}
         self._candidate: tuple[int, dict[int, Measured]] = (-1, {})  # kept if it goes live
+        self.reference_prompts = ReferencePrompts(cfg.reference_cache_mib)  # the probes' prompts
 
     def _rendered(self, policy: Policy, second: bool) -> tuple[list[list[int]], list[int]]:
         """The set's prompt ids, rendered as the server renders them, and their seeds."""
@@ -154,14 +155,16 @@ class PromotionGate:
     def _sample(
         self, policy: Policy, version: int, weights: Any, prompts: list[list[int]], seeds: list[int]
     ) -> tuple[Sampled, list[Any]]:
-        """Replies of `weights` (the reference's for version 0) and their reference log-probs."""
+        """Replies of `weights` (the reference's for version 0) and their reference log-probs
+        (over the reference's kept keys and values of each prompt)."""
         if version == 0:
             with reference_weights(policy) as model:
                 sampled = self._replies(model, policy.tokenizer, prompts, seeds)
             return sampled, sampled.logprobs
         sampled = self._replies(weights, policy.tokenizer, prompts, seeds)
-        device = str(next(policy.model.parameters()).device)
-        return sampled, reply_logprobs(policy.reference_logprobs, sampled, device)
+        with reference_weights(policy) as model:
+            scored = self.reference_prompts.logprobs(model, sampled.prompts, sampled.completions)
+        return sampled, scored
 
     def _replies(
         self, model: Any, tokenizer: Any, prompts: list[list[int]], seeds: list[int]
@@ -327,6 +330,9 @@ class PromotionGate:
         drawn = {seed for _, seeds in self._prompts.values() for seed in seeds}  # as measured
         for version, known in self._kept.items():
             self._kept[version] = {seed: m for seed, m in known.items() if seed in drawn}
+        self.reference_prompts.keep_only(
+            p for prompts, _ in self._prompts.values() for p in prompts
+        )
 
     async def _probe_baselines(self, policy: Policy, serving_version: int) -> list[str]:
         """Probe version 0 and the serving version on the set; the drift bounds the serving
