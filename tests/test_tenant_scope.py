@@ -158,6 +158,10 @@ async def test_trainer_keeps_one_adapter_per_tenant_gated_with_its_own_prompts(
         return {p.messages[-1]["content"] for p in gate_of.probes}
 
     assert probed("ta") == {"alpha one", "alpha two"} and probed("tb") == {"beta one"}
+    # ... and keeps its prompts' reference keys and values while its tenant is warm only
+    kept = {t: lane.guards.gate.reference_prompts for t, lane in trainer.lanes.items()
+            if lane.guards.gate is not None}  # fmt: skip
+    assert len(kept["ta"].entries) == 2 and kept["tb"].entries == {} and kept["tb"].encoded
 
     with Registry.open(s.shared().effective_db_url) as reg:
         assert [v.version for v in reg.list_model_versions(tenant="ta")] == [3, 1]

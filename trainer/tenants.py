@@ -201,12 +201,15 @@ class TenantTrainer(Trainer):
         lane.state, lane.lr_scale = self.state, self.lr_scale
 
     def _cool_down(self) -> None:
-        """Past `max_warm_tenants` lanes in memory, drop the least recently trained ones'."""
+        """Past `max_warm_tenants` lanes in memory, drop the least recently trained ones'
+        (their adapters, optimizer states and the gate's kept reference prompts)."""
         warm = sorted(
             (x for x in self.lanes.values() if x.warm is not None), key=lambda x: x.used_at
         )
         for lane in warm[: max(len(warm) + 1 - self.cfg.max_warm_tenants, 0)]:
             lane.warm = None
+            if lane.guards.gate is not None:  # its prompts' reference keys and values too
+                lane.guards.gate.reference_prompts.clear()
             log.info("tenant %s's adapter leaves memory (read back from v%d)",
                      lane.tenant, lane.state.version)  # fmt: skip
 

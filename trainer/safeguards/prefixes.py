@@ -74,6 +74,10 @@ class ReferencePrompts:
         wanted = {tuple(prompt) for prompt in prompts}
         self.entries = {key: e for key, e in self.entries.items() if key in wanted}
 
+    def clear(self) -> None:
+        """Drop every entry (the gate's tenant left the trainer's memory)."""
+        self.entries.clear()
+
     def _scored(self, model: Any, prompt: Sequence[int], completion: Sequence[int]) -> Any:
         import torch
 
