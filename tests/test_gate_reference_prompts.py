@@ -4,6 +4,7 @@ the prompt run once, within a memory budget."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from liveloop.config.trainer import LoraSettings
@@ -97,3 +98,28 @@ def test_a_plain_reference_model_and_dropping_prompts_no_longer_drawn() -> None:
     again = kept.logprobs(policy.reference, sampled.prompts, sampled.completions)
     _assert_equal(again, want)
     assert kept.encoded == len(PROMPTS) + 2  # the two dropped prompts are run again
+
+
+def test_a_cache_that_cannot_be_cut_back_is_dropped_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model whose cache cannot crop (e.g. sliding-window layers) keeps no entries: each
+    reply is scored after its prompt again, never over a cache a reply has grown."""
+    policy = _lora_policy()
+    _candidate(policy, 2)
+    sampled = _replies(policy, seed=7)
+    kept = ReferencePrompts(budget_mib=64)
+
+    def cannot_crop(self: object, max_length: int) -> None:
+        raise NotImplementedError("no crop here")
+
+    with reference_weights(policy) as model:
+        first = kept.logprobs(model, sampled.prompts[:1], sampled.completions[:1])
+        [entry] = kept.entries.values()
+        monkeypatch.setattr(type(entry.cache), "crop", cannot_crop)
+        got = kept.logprobs(model, sampled.prompts, sampled.completions)
+    want = _full_pass(policy, sampled)
+    _assert_equal(first, want[:1])
+    _assert_equal(got, want)
+    long_replies = sum(len(c) > 1 for c in sampled.completions)
+    assert long_replies and len(kept.entries) == len(PROMPTS) - long_replies

@@ -128,10 +128,14 @@ class ReferencePrompts:
     def _cut_back(self, entry: PromptEntry) -> None:
         """Remove what a reply added to a kept entry's cache (a negative length to `crop`
         removes that many tokens in every transformers version the project supports)."""
-        grown = entry.cache.get_seq_length() - entry.length
-        if grown > 0:
-            entry.cache.crop(-grown)
-        if entry.cache.get_seq_length() != entry.length:
+        try:
+            grown = entry.cache.get_seq_length() - entry.length
+            if grown > 0:
+                entry.cache.crop(-grown)
+            restored = entry.cache.get_seq_length() == entry.length
+        except (NotImplementedError, ValueError, AttributeError):  # a cache that cannot crop
+            restored = False
+        if not restored:  # run with its reply each time, as beyond the budget
             self.entries = {k: e for k, e in self.entries.items() if e is not entry}
 
 
