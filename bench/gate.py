@@ -35,15 +35,20 @@ from liveloop.trainer.safeguards.probing import judge_replies, reply_logprobs
 
 def nudged_lora_policy(model: str, seed: int) -> Policy:
     """The demo's LoRA policy with small random adapters, as after a few updates."""
+    policy = load_policy(model, "cpu", LoraSettings(enabled=True, rank=16, alpha=32))
+    set_adapters(policy, seed)
+    return policy
+
+
+def set_adapters(policy: Policy, seed: int) -> None:
+    """Small seeded random values in the adapters' B matrices: a candidate's adapters."""
     import torch
 
-    policy = load_policy(model, "cpu", LoraSettings(enabled=True, rank=16, alpha=32))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
                 param.copy_(0.002 * torch.randn(param.shape, generator=generator))
-    return policy
 
 
 def timed(step: Any) -> tuple[float, Any]:

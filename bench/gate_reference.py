@@ -20,10 +20,9 @@ import argparse
 import asyncio
 import json
 import statistics
-import time
 from typing import Any
 
-from bench.gate import nudged_lora_policy
+from bench.gate import nudged_lora_policy, set_adapters, timed
 from liveloop.config import SharedSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.config.gate import GateSettings
@@ -71,23 +70,6 @@ def _sampled(model: Any, policy: Policy, prompts: list[list[int]], tokens: int) 
     )
 
 
-def nudge(policy: Policy, seed: int) -> None:
-    """Move the adapters to a new candidate's (small random values, as after updates)."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(0.002 * torch.randn(param.shape, generator=generator))
-
-
-def timed(step: Any) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = step()
-    return time.perf_counter() - started, result
-
-
 def candidate_seconds(policy: Policy, kept: ReferencePrompts, sampled: Sampled) -> dict[str, Any]:
     """One candidate's replies scored both ways: seconds each, and how far apart."""
     packed_s, packed = timed(lambda: reply_logprobs(policy.reference_logprobs, sampled, "cpu"))
@@ -117,7 +99,7 @@ def main() -> None:
     kept = ReferencePrompts(cfg.reference_cache_mib)
     runs = []
     for candidate in range(args.candidates):
-        nudge(policy, seed=candidate + 1)
+        set_adapters(policy, seed=candidate + 1)  # the next candidate's adapters
         sampled = _sampled(policy.model, policy, prompts, tokens)
         runs.append(candidate_seconds(policy, kept, sampled))
     packed = statistics.median(r["packed_s"] for r in runs)
