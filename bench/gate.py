@@ -40,15 +40,16 @@ def nudged_lora_policy(model: str, seed: int) -> Policy:
     return policy
 
 
-def set_adapters(policy: Policy, seed: int) -> None:
-    """Small seeded random values in the adapters' B matrices: a candidate's adapters."""
+def set_adapters(policy: Policy, seed: int, scale: float = 0.002) -> None:
+    """Seeded random values (`scale` times normal ones) in the adapters' B matrices: a
+    candidate's adapters."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
-                param.copy_(0.002 * torch.randn(param.shape, generator=generator))
+                param.copy_(scale * torch.randn(param.shape, generator=generator))
 
 
 def timed(step: Any) -> tuple[float, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.gate import set_adapters
 from liveloop.config.trainer import LoraSettings
 from liveloop.trainer.policy import Policy, completion_logprobs, load_policy
 from liveloop.trainer.safeguards.gate import reference_weights
@@ -22,11 +23,7 @@ def _lora_policy() -> Policy:
 
 def _candidate(policy: Policy, seed: int) -> None:
     """Move the adapters off zero, as an update does: the policy is no longer the reference."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    set_adapters(policy, seed, scale=0.5)
 
 
 def _replies(policy: Policy, seed: int) -> Sampled:

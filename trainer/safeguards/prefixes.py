@@ -102,7 +102,7 @@ class ReferencePrompts:
         ids = torch.tensor([list(prompt)], device=_device(model))
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
         first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        cache = out.cache if _CACHE in _forward_names(model) else out.past_key_values
+        cache = getattr(out, _cache_name(model))
         return PromptEntry(cache, first, len(prompt), _cache_bytes(cache))
 
     def _over(self, model: Any, entry: PromptEntry, completion: Sequence[int], keep: bool) -> Any:
@@ -115,8 +115,7 @@ class ReferencePrompts:
             return head.cpu()
         ids = torch.tensor([list(completion[:-1])], device=entry.first.device)
         try:
-            name = _CACHE if _CACHE in _forward_names(model) else "past_key_values"
-            out = model(input_ids=ids, use_cache=True, **{name: entry.cache})
+            out = model(input_ids=ids, use_cache=True, **{_cache_name(model): entry.cache})
         finally:
             if keep:
                 self._cut_back(entry)
@@ -139,17 +138,15 @@ class ReferencePrompts:
             self.entries = {k: e for k, e in self.entries.items() if e is not entry}
 
 
-_CACHE = "cache"  # transformers 5's name of what 4.x calls `past_key_values`
-
-
 def _device(model: Any) -> Any:
     return next(model.parameters()).device
 
 
-def _forward_names(model: Any) -> frozenset[str]:
-    """The arguments of the causal LM's own forward (under a PEFT wrapper, its base's)."""
+def _cache_name(model: Any) -> str:
+    """What the causal LM's forward (under a PEFT wrapper, its base's) calls the cache, in
+    its argument and its output: transformers 5's `cache`, 4.x's `past_key_values`."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return frozenset(inspect.signature(base.forward).parameters)
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _cache_bytes(cache: Any) -> int:
