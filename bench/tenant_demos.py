@@ -1,0 +1,147 @@
+"""The tenants demo's runs, kept and compared: one result file per run, and their spread.
+
+One `liveloop demo --tenants 3` run is one draw of a noisy measure: a window of 64 judged
+turns moves by about 0.1 from sampling alone, so whether tenant scope beat shared scope by
+the target's margin is a question about many runs, not one. Two commands:
+
+- `wrap DEMO_DIR`: the run's `report.json` with where it came from (date, commit, machine,
+  the demo's command, wall minutes, a note), as a file for `bench/results/`;
+- `summary [FILES]`: per run and over all of them, each conflicting tenant's gain difference
+  (tenant scope minus shared scope), how many runs met the target, the quality checks and
+  isolation. Prints JSON.
+
+    python -m bench.tenant_demos wrap run/.liveloop/demo --command "liveloop demo --tenants 3" \
+        --note "..." --out bench/results/demo-DATE-tenants-....json
+    python -m bench.tenant_demos summary --match brief20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.learning_summary import provenance, spread
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PATTERN = "demo-*-tenants-*.json"
+CONFLICTING = ("brief", "explained")
+
+
+def wrap(demo_dir: Path, command: str, note: str, wall_minutes: float | None) -> dict[str, Any]:
+    """A demo run's report with its provenance, in the layout of `bench/results/`."""
+    report = json.loads((demo_dir / "report.json").read_text())
+    return {
+        **provenance(),
+        "command": command,
+        "note": note,
+        "wall_minutes": wall_minutes,
+        "report": report,
+    }
+
+
+def _seed(command: str) -> int | None:
+    found = re.search(r"LIVELOOP_DEMO__SEED=(\d+)", command)
+    return int(found.group(1)) if found else None
+
+
+def run_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures: per conflicting tenant the gains in both scopes and their
+    difference, and the run's verdict on the target."""
+    report = result.get("report", result)
+    headline = report["headline"]
+    conflicting = [row for row in report["matrix"] if row["style"] in CONFLICTING]
+    tenants: dict[str, Any] = {}
+    for row in conflicting:
+        tenants[row["style"]] = {
+            "tenant_gain": row["tenant"]["gain"],
+            "shared_gain": row["shared"]["gain"],
+            "gain_difference": row["gain_difference"],
+            "gain_difference_se": row.get("gain_difference_se"),
+            "held_out_gain_difference": row.get("held_out_gain_difference"),
+        }
+    differences = [t["gain_difference"] for t in tenants.values()]
+    return {
+        "file": name,
+        "commit": result.get("commit"),
+        "seed": _seed(result.get("command", "")),
+        "minutes": report.get("minutes"),
+        "tenants": tenants,
+        # Both conflicting tenants ahead by the margin, whatever the checks say.
+        "ahead": bool(differences)
+        and all(d is not None and d > headline["margin"] for d in differences),
+        # Per scope: every quality check of the conflicting tenants kept in that scope.
+        "quality_kept_by_scope": {
+            scope: all(all(row[scope]["quality_kept"].values()) for row in conflicting)
+            for scope in ("tenant", "shared")
+        },
+        "quality_kept": headline.get("quality_kept"),
+        "isolation_passed": headline.get("isolation_passed"),
+        "met": bool(headline.get("tenant_scope_beats_shared")),
+    }
+
+
+def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per run (by file name) and over the runs: the gain differences' spread, the runs with
+    both conflicting tenants ahead by more than the margin, and those that met the target
+    (ahead, every quality check kept in both scopes, isolation passed)."""
+    rows = [run_row(name, result) for name, result in sorted(results.items())]
+    over: dict[str, Any] = {}
+    for style in CONFLICTING:
+        figures = [r["tenants"].get(style) or {} for r in rows]
+        over[style] = {
+            key: spread([f.get(key) for f in figures])
+            for key in ("gain_difference", "tenant_gain", "shared_gain", "held_out_gain_difference")
+        }
+    return {
+        "runs": rows,
+        "over_runs": over,
+        "met": sum(r["met"] for r in rows),
+        "ahead": sum(r["ahead"] for r in rows),
+        "of": len(rows),
+        "quality_kept": sum(bool(r["quality_kept"]) for r in rows),
+        "isolation_passed": sum(bool(r["isolation_passed"]) for r in rows),
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="The tenants demo's runs, kept and compared.")
+    commands = parser.add_subparsers(dest="what", required=True)
+    w = commands.add_parser("wrap", help="a run's report.json with its provenance")
+    w.add_argument("demo_dir", type=Path, help="the run's .liveloop/demo folder")
+    w.add_argument("--command", required=True, help="the demo's command line, as run")
+    w.add_argument("--note", default="", help="what this run tried")
+    w.add_argument("--wall-minutes", type=float, default=None)
+    w.add_argument("--out", type=Path, default=None, help="write here (default: stdout)")
+    s = commands.add_parser("summary", help="the gain differences over kept runs")
+    s.add_argument("files", nargs="*", type=Path, help=f"default: results/{PATTERN}")
+    s.add_argument("--match", default="", help="only files whose name contains this")
+    s.add_argument("--minutes", type=float, default=20.0, help="only runs of these minutes")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.what == "wrap":
+        text = json.dumps(wrap(args.demo_dir, args.command, args.note, args.wall_minutes), indent=1)
+        if args.out is None:
+            print(text)
+        else:
+            args.out.write_text(text + "\n")
+        return 0
+    paths = [p for p in args.files or RESULTS.glob(PATTERN) if args.match in p.name]
+    results = {p.name: json.loads(p.read_text()) for p in paths}
+    chosen = {
+        name: result
+        for name, result in results.items()
+        if result.get("report", result).get("minutes") == args.minutes
+    }
+    print(json.dumps(summary(chosen), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

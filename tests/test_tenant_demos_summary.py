@@ -1,0 +1,90 @@
+"""`bench/tenant_demos.py`: kept tenants-demo runs are wrapped with their provenance and
+summed up over runs, telling a run ahead by the margin from one that met the target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.tenant_demos import main, summary, wrap
+
+
+def _scope(gain: float, kept: bool) -> dict[str, Any]:
+    return {"gain": gain, "quality_kept": {"topic_rate": True, "non_answers": kept}}
+
+
+def _report(brief: tuple[float, float], explained: tuple[float, float], shared_kept: bool
+            ) -> dict[str, Any]:  # fmt: skip
+    """A demo report of the shape `liveloop demo --tenants 3` writes (the fields read)."""
+    rows = []
+    for style, (tenant, shared) in (("brief", brief), ("explained", explained)):
+        rows.append(
+            {
+                "style": style,
+                "label": style,
+                "tenant": _scope(tenant, True),
+                "shared": _scope(shared, shared_kept),
+                "gain_difference": tenant - shared,
+            }
+        )
+    rows.append(
+        {
+            "style": "weather_tool",
+            "tenant": _scope(0.0, False),
+            "shared": _scope(0.0, False),
+            "gain_difference": 0.0,
+        }
+    )
+    ahead = all(r["gain_difference"] > 0.2 for r in rows[:2])
+    return {
+        "minutes": 20.0,
+        "matrix": rows,
+        "headline": {
+            "margin": 0.2,
+            "quality_kept": shared_kept,
+            "isolation_passed": True,
+            "tenant_scope_beats_shared": ahead and shared_kept,
+        },
+    }
+
+
+def test_summary_counts_runs_ahead_and_runs_that_met_the_target() -> None:
+    results = {
+        "met.json": {
+            "command": "LIVELOOP_DEMO__SEED=4 liveloop demo --tenants 3",
+            "report": _report((0.5, 0.1), (0.6, 0.2), shared_kept=True),
+        },
+        "ahead.json": {"report": _report((0.4, 0.0), (0.5, 0.1), shared_kept=False)},
+        "behind.json": {"report": _report((0.3, 0.2), (0.5, 0.1), shared_kept=True)},
+    }
+    out = summary(results)
+    rows = {r["file"]: r for r in out["runs"]}
+    assert (out["met"], out["ahead"], out["of"]) == (1, 2, 3)
+    assert rows["met.json"]["seed"] == 4 and rows["ahead.json"]["seed"] is None
+    assert rows["ahead.json"]["ahead"] and not rows["ahead.json"]["met"]
+    assert rows["ahead.json"]["quality_kept_by_scope"] == {"tenant": True, "shared": False}
+    brief = out["over_runs"]["brief"]["gain_difference"]
+    assert brief["n"] == 3 and brief["mean"] == pytest.approx((0.4 + 0.4 + 0.1) / 3)
+    assert brief["min"] == pytest.approx(0.1)
+
+
+def test_wrap_keeps_the_report_and_summary_reads_it_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "report.json").write_text(json.dumps(_report((0.5, 0.1), (0.6, 0.2), True)))
+    wrapped = wrap(demo, "LIVELOOP_DEMO__SEED=7 liveloop demo --tenants 3", "a note", 47.5)
+    assert wrapped["note"] == "a note" and wrapped["wall_minutes"] == 47.5
+    assert wrapped["report"]["headline"]["tenant_scope_beats_shared"] is True
+    assert {"date", "commit", "machine"} <= wrapped.keys()
+    kept = tmp_path / "demo-2026-11-28-tenants-x.json"
+    assert main(["wrap", str(demo), "--command", wrapped["command"], "--out", str(kept)]) == 0
+    assert main(["summary", str(kept)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["met"], printed["of"]) == (1, 1) and printed["runs"][0]["seed"] == 7
+    assert main(["summary", str(kept), "--minutes", "30"]) == 0  # a 30-minute run: none
+    assert json.loads(capsys.readouterr().out)["of"] == 0
