@@ -31,11 +31,16 @@ PATTERN = "demo-*-tenants-*.json"
 CONFLICTING = ("brief", "explained")
 
 
-def wrap(demo_dir: Path, command: str, note: str, wall_minutes: float | None) -> dict[str, Any]:
-    """A demo run's report with its provenance, in the layout of `bench/results/`."""
+def wrap(
+    demo_dir: Path, command: str, note: str, wall_minutes: float | None, commit: str | None = None
+) -> dict[str, Any]:
+    """A demo run's report with its provenance, in the layout of `bench/results/` (the
+    commit it ran on: `commit`, or this checkout's)."""
     report = json.loads((demo_dir / "report.json").read_text())
+    made = provenance()
     return {
-        **provenance(),
+        **made,
+        "commit": commit or made["commit"],
         "command": command,
         "note": note,
         "wall_minutes": wall_minutes,
@@ -115,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--command", required=True, help="the demo's command line, as run")
     w.add_argument("--note", default="", help="what this run tried")
     w.add_argument("--wall-minutes", type=float, default=None)
+    w.add_argument("--commit", default=None, help="the commit it ran on (default: HEAD)")
     w.add_argument("--out", type=Path, default=None, help="write here (default: stdout)")
     s = commands.add_parser("summary", help="the gain differences over kept runs")
     s.add_argument("files", nargs="*", type=Path, help=f"default: results/{PATTERN}")
@@ -126,7 +132,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.what == "wrap":
-        text = json.dumps(wrap(args.demo_dir, args.command, args.note, args.wall_minutes), indent=1)
+        text = json.dumps(
+            wrap(args.demo_dir, args.command, args.note, args.wall_minutes, args.commit), indent=1
+        )
         if args.out is None:
             print(text)
         else:

@@ -81,6 +81,7 @@ def test_wrap_keeps_the_report_and_summary_reads_it_back(
     assert wrapped["note"] == "a note" and wrapped["wall_minutes"] == 47.5
     assert wrapped["report"]["headline"]["tenant_scope_beats_shared"] is True
     assert {"date", "commit", "machine"} <= wrapped.keys()
+    assert wrap(demo, "liveloop demo", "", None, commit="abc1234")["commit"] == "abc1234"
     kept = tmp_path / "demo-2026-11-28-tenants-x.json"
     assert main(["wrap", str(demo), "--command", wrapped["command"], "--out", str(kept)]) == 0
     assert main(["summary", str(kept)]) == 0
