@@ -7,8 +7,9 @@ the target's margin is a question about many runs, not one. Two commands:
 - `wrap DEMO_DIR`: the run's `report.json` with where it came from (date, commit, machine,
   the demo's command, wall minutes, a note), as a file for `bench/results/`;
 - `summary [FILES]`: per run and over all of them, each conflicting tenant's gain difference
-  (tenant scope minus shared scope), how many runs met the target, the quality checks and
-  isolation. Prints JSON.
+  (tenant scope minus shared scope), how many runs had both tenants ahead by the margin and
+  how many met the target (ahead, with every quality check kept and isolation passed).
+  Prints JSON.
 
     python -m bench.tenant_demos wrap run/.liveloop/demo --command "liveloop demo --tenants 3" \
         --note "..." --out bench/results/demo-DATE-tenants-....json
