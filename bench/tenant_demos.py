@@ -94,7 +94,8 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per run (by file name) and over the runs: the gain differences' spread, the runs with
     both conflicting tenants ahead by more than the margin, and those that met the target
     (ahead, every quality check kept in both scopes, isolation passed)."""
-    rows = [run_row(name, result) for name, result in sorted(results.items())]
+    compared = {name: r for name, r in results.items() if _both_scopes(r)}
+    rows = [run_row(name, result) for name, result in sorted(compared.items())]
     over: dict[str, Any] = {}
     for style in CONFLICTING:
         figures = [r["tenants"].get(style) or {} for r in rows]
@@ -110,7 +111,15 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "of": len(rows),
         "quality_kept": sum(bool(r["quality_kept"]) for r in rows),
         "isolation_passed": sum(bool(r["isolation_passed"]) for r in rows),
+        # Runs of one scope alone (`demo.scopes`), kept as experiments: nothing to compare.
+        "one_scope_runs": sorted(set(results) - set(compared)),
     }
+
+
+def _both_scopes(result: dict[str, Any]) -> bool:
+    """True when every row of the run's matrix has a tenant-scope and a shared-scope cell."""
+    rows = result.get("report", result)["matrix"]
+    return all("tenant" in row and "shared" in row for row in rows)
 
 
 def _parser() -> argparse.ArgumentParser:

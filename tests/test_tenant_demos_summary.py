@@ -51,6 +51,13 @@ def _report(brief: tuple[float, float], explained: tuple[float, float], shared_k
     }
 
 
+def _one_scope(report: dict[str, Any]) -> dict[str, Any]:
+    """The report of a run with `demo.scopes = ["tenant"]`: no shared-scope cells."""
+    for row in report["matrix"]:
+        del row["shared"]
+    return report
+
+
 def test_summary_counts_runs_ahead_and_runs_that_met_the_target() -> None:
     results = {
         "met.json": {
@@ -59,8 +66,10 @@ def test_summary_counts_runs_ahead_and_runs_that_met_the_target() -> None:
         },
         "ahead.json": {"report": _report((0.4, 0.0), (0.5, 0.1), shared_kept=False)},
         "behind.json": {"report": _report((0.3, 0.2), (0.5, 0.1), shared_kept=True)},
+        "tenant-only.json": {"report": _one_scope(_report((0.9, 0.0), (0.9, 0.0), True))},
     }
     out = summary(results)
+    assert out["one_scope_runs"] == ["tenant-only.json"]
     rows = {r["file"]: r for r in out["runs"]}
     assert (out["met"], out["ahead"], out["of"]) == (1, 2, 3)
     assert rows["met.json"]["seed"] == 4 and rows["ahead.json"]["seed"] is None
