@@ -4,11 +4,11 @@ In tenant scope the trainer trains one tenant's batch, then the promotion gate s
 tenant's candidate's replies to its probes, then the next tenant's batch is trained. The
 next batch is another tenant's adapter, so its training does not need the gate's verdict:
 the two could run at the same time. On a small CPU that pays only if the two leave cores
-idle when run alone; batched decoding of short replies is mostly per-step overhead, not
-arithmetic. This measures it for the demo's shapes, in one process as the trainer would
-run them (two threads; torch releases the GIL in its kernels): the trainer's LoRA update
-(`PPOUpdater.update`, micro-batches of `--micro-batch-tokens`, `--minibatches` optimizer
-steps) on a demo-sized batch of random tokens, and the gate's sampling of `--probes` held-out
+idle when run alone. This measures it for the demo's shapes, in one process as the trainer
+would run them (two threads; torch releases the GIL in its kernels): the trainer's LoRA
+update (`PPOUpdater.update`, micro-batches of `--micro-batch-tokens`, `--minibatches`
+optimizer steps, without the KL anchor's reference forward) on a demo-sized batch of random
+tokens, and the gate's sampling of `--probes` held-out
 questions (one earlier exchange each) with the candidate's merged weights, as the gate
 samples. Prints one JSON object: each half alone, both at once, and the speed-up of a
 pipelined cycle.
@@ -106,6 +106,45 @@ def median_s(step: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def halves(args: argparse.Namespace) -> tuple[Callable[[], Any], Callable[[], Any], dict[str, int]]:
+    """The two halves of a cycle, each a call: one tenant's update and the gate's sampling of
+    another tenant's candidate (two policies, as two adapters are), and their sizes."""
+    lora = LoraSettings(enabled=True, rank=16, alpha=32)
+    cfg = TrainerConfig(
+        lora=lora, kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens,
+        minibatches=args.minibatches,
+    )  # fmt: skip
+    trained = load_policy(args.model, "cpu", lora)
+    updater = PPOUpdater(trained, cfg)
+    samples = demo_batch(args.samples, len(trained.tokenizer), seed=0)
+
+    candidate = load_policy(args.model, "cpu", lora)
+    set_adapters(candidate, seed=1)
+    tokens = model_defaults(args.model).reply_tokens
+    gate = GateSettings(probe_source="demo", probe_users=args.probes)
+    drawn = asyncio.run(HeldOutUsers(ProbeContext(gate, SharedSettings(model=args.model))).draw())
+    prompts = render_prompts(candidate.tokenizer, conversations(candidate, drawn, 1, tokens))
+    seeds = probe_seeds(0, prompts)
+    merged = candidate.export()
+
+    def train() -> Any:
+        return updater.update(samples)
+
+    def probe() -> Any:
+        return sample_replies(
+            merged, candidate.tokenizer, prompts, max_tokens=tokens, temperature=1.0, seeds=seeds
+        )
+
+    sizes = {
+        "batch_samples": len(samples),
+        "batch_tokens": sum(s.num_tokens for s in samples),
+        "probes": len(prompts),
+        "probe_prompt_tokens": sum(len(p) for p in prompts),
+        "reply_tokens": tokens,
+    }
+    return train, probe, sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -120,60 +159,27 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    lora = LoraSettings(enabled=True, rank=16, alpha=32)
-    cfg = TrainerConfig(
-        lora=lora, kl_coef=0.0, micro_batch_tokens=args.micro_batch_tokens,
-        minibatches=args.minibatches,
-    )  # fmt: skip
-    trained = load_policy(args.model, "cpu", lora)
-    updater = PPOUpdater(trained, cfg)
-    samples = demo_batch(args.samples, len(trained.tokenizer), seed=0)
-
-    candidate = load_policy(args.model, "cpu", lora)  # the last tenant's candidate
-    set_adapters(candidate, seed=1)
-    tokens = model_defaults(args.model).reply_tokens
-    gate = GateSettings(probe_source="demo", probe_users=args.probes)
-    context = ProbeContext(gate, SharedSettings(model=args.model))
-    drawn = asyncio.run(HeldOutUsers(context).draw())
-    prompts = render_prompts(candidate.tokenizer, conversations(candidate, drawn, 1, tokens))
-    seeds = probe_seeds(0, prompts)
-    merged = candidate.export()
-
-    def train() -> Any:
-        return updater.update(samples)
-
-    def probe() -> Any:
-        return sample_replies(
-            merged, candidate.tokenizer, prompts, max_tokens=tokens, temperature=1.0, seeds=seeds
-        )
-
+    train, probe, sizes = halves(args)
     train(), probe()  # warm-up
     train_s, probe_s = median_s(train, args.repeats), median_s(probe, args.repeats)
     runs = [both_at_once(train, probe) for _ in range(args.repeats)]
     both_s = statistics.median(r["both"] for r in runs)
-    print(
-        json.dumps(
-            {
-                "benchmark": "gate_overlap",
-                "model": args.model,
-                "threads": args.threads,
-                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                "batch_samples": len(samples),
-                "batch_tokens": sum(s.num_tokens for s in samples),
-                "minibatches": args.minibatches,
-                "probes": len(prompts),
-                "probe_prompt_tokens": sum(len(p) for p in prompts),
-                "reply_tokens": tokens,
-                "train_alone_s": round(train_s, 2),
-                "probe_alone_s": round(probe_s, 2),
-                "one_after_the_other_s": round(train_s + probe_s, 2),
-                "at_once_s": round(both_s, 2),
-                "at_once_train_s": round(statistics.median(r["train"] for r in runs), 2),
-                "at_once_probe_s": round(statistics.median(r["probe"] for r in runs), 2),
-                "speedup": round((train_s + probe_s) / both_s, 2),
-            }
-        )
-    )
+    report = {
+        "benchmark": "gate_overlap",
+        "model": args.model,
+        "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        **sizes,
+        "minibatches": args.minibatches,
+        "train_alone_s": round(train_s, 2),
+        "probe_alone_s": round(probe_s, 2),
+        "one_after_the_other_s": round(train_s + probe_s, 2),
+        "at_once_s": round(both_s, 2),
+        "at_once_train_s": round(statistics.median(r["train"] for r in runs), 2),
+        "at_once_probe_s": round(statistics.median(r["probe"] for r in runs), 2),
+        "speedup": round((train_s + probe_s) / both_s, 2),
+    }
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
