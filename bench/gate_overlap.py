@@ -38,6 +38,7 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 
 from bench.gate import set_adapters
 from bench.gate_reference import conversations
+from bench.trainer import random_sample
 from liveloop.config import SharedSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.config.gate import GateSettings
@@ -56,18 +57,8 @@ def demo_batch(n: int, vocab: int, seed: int) -> list[BatchSample]:
     rng = random.Random(seed)
     samples = []
     for i in range(n):
-        prompt, reply = rng.randint(60, 220), rng.randint(15, 48)
-        samples.append(
-            BatchSample(
-                key=f"t{i}",
-                prompt_token_ids=[rng.randrange(3, vocab) for _ in range(prompt)],
-                completion_token_ids=[rng.randrange(3, vocab) for _ in range(reply)],
-                logprobs=[-2.5] * reply,
-                versions=[0] * reply,
-                advantage=rng.uniform(-1, 1),
-                score=0.0,
-            )
-        )
+        lengths = rng.randint(60, 220), rng.randint(15, 48)
+        samples.append(random_sample(rng, f"t{i}", lengths, vocab, -2.5))
     return samples
 
 

@@ -57,6 +57,23 @@ from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater
 
 
+def random_sample(
+    rng: random.Random, key: str, lengths: tuple[int, int], vocab: int, logprob: float
+) -> BatchSample:
+    """A sample of random tokens: `lengths` = (prompt, completion) tokens, an advantage of
+    either sign, every completion token's behaviour log-prob `logprob`."""
+    prompt, completion = lengths
+    return BatchSample(
+        key=key,
+        prompt_token_ids=[rng.randrange(3, vocab) for _ in range(prompt)],
+        completion_token_ids=[rng.randrange(3, vocab) for _ in range(completion)],
+        logprobs=[logprob] * completion,
+        versions=[0] * completion,
+        advantage=rng.uniform(-1, 1),
+        score=0.0,
+    )
+
+
 def make_batch(n: int, vocab: int, seed: int) -> list[BatchSample]:
     """Agent-like samples: prompts of 64-512 tokens, long-tailed completions of 8-512."""
     rng = random.Random(seed)
@@ -64,17 +81,7 @@ def make_batch(n: int, vocab: int, seed: int) -> list[BatchSample]:
     for i in range(n):
         prompt = rng.randint(64, 512)
         completion = min(512, max(8, int(rng.lognormvariate(4.0, 0.8))))
-        samples.append(
-            BatchSample(
-                key=f"b{i}",
-                prompt_token_ids=[rng.randrange(3, vocab) for _ in range(prompt)],
-                completion_token_ids=[rng.randrange(3, vocab) for _ in range(completion)],
-                logprobs=[-10.8] * completion,
-                versions=[0] * completion,
-                advantage=rng.uniform(-1, 1),
-                score=0.0,
-            )
-        )
+        samples.append(random_sample(rng, f"b{i}", (prompt, completion), vocab, -10.8))
     return samples
 
 
