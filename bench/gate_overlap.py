@@ -38,7 +38,7 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 
 from bench.gate import set_adapters
 from bench.gate_reference import conversations
-from bench.trainer import random_sample
+from bench.trainer import random_sample, timed
 from liveloop.config import SharedSettings
 from liveloop.config.defaults import model_defaults
 from liveloop.config.gate import GateSettings
@@ -86,15 +86,6 @@ def both_at_once(first: Callable[[], object], second: Callable[[], object]) -> d
         t.join()
     seconds["both"] = time.perf_counter() - began
     return seconds
-
-
-def median_s(step: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
 
 
 def halves(args: argparse.Namespace) -> tuple[Callable[[], Any], Callable[[], Any], dict[str, int]]:
@@ -152,7 +143,7 @@ def main() -> None:
     torch.manual_seed(0)
     train, probe, sizes = halves(args)
     train(), probe()  # warm-up
-    train_s, probe_s = median_s(train, args.repeats), median_s(probe, args.repeats)
+    train_s, probe_s = (timed(step, 0, args.repeats, "cpu") for step in (train, probe))
     runs = [both_at_once(train, probe) for _ in range(args.repeats)]
     both_s = statistics.median(r["both"] for r in runs)
     report = {
