@@ -8,10 +8,9 @@ idle when run alone. This measures it for the demo's shapes, in one process as t
 would run them (two threads; torch releases the GIL in its kernels): the trainer's LoRA
 update (`PPOUpdater.update`, micro-batches of `--micro-batch-tokens`, `--minibatches`
 optimizer steps, without the KL anchor's reference forward) on a demo-sized batch of random
-tokens, and the gate's sampling of `--probes` held-out
-questions (one earlier exchange each) with the candidate's merged weights, as the gate
-samples. Prints one JSON object: each half alone, both at once, and the speed-up of a
-pipelined cycle.
+tokens, and the gate's sampling of `--probes` held-out questions (one earlier exchange
+each) with the candidate's merged weights, as the gate samples. Prints one JSON object:
+each half alone, both at once, and the speed-up of a pipelined cycle.
 
     python bench/gate_overlap.py [--model smollm2-135m] [--threads 2] [--repeats 3]
 """
@@ -36,7 +35,7 @@ from typing import Any
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.gate import set_adapters
+from bench.gate import nudged_lora_policy
 from bench.gate_reference import conversations
 from bench.trainer import random_sample, timed
 from liveloop.config import SharedSettings
@@ -100,8 +99,7 @@ def halves(args: argparse.Namespace) -> tuple[Callable[[], Any], Callable[[], An
     updater = PPOUpdater(trained, cfg)
     samples = demo_batch(args.samples, len(trained.tokenizer), seed=0)
 
-    candidate = load_policy(args.model, "cpu", lora)
-    set_adapters(candidate, seed=1)
+    candidate = nudged_lora_policy(args.model, seed=1)
     tokens = model_defaults(args.model).reply_tokens
     gate = GateSettings(probe_source="demo", probe_users=args.probes)
     drawn = asyncio.run(HeldOutUsers(ProbeContext(gate, SharedSettings(model=args.model))).draw())
