@@ -47,7 +47,8 @@ from liveloop.demo.gate_probes import HeldOutUsers
 from liveloop.probe_sources import ProbeContext
 from liveloop.trainer.policy import load_policy
 from liveloop.trainer.ppo import PPOUpdater
-from liveloop.trainer.safeguards.probing import probe_seeds, render_prompts, sample_replies
+from liveloop.trainer.safeguards.probing import probe_seeds, render_prompts
+from liveloop.trainer.safeguards.sampling import sample_replies
 
 
 def demo_batch(n: int, vocab: int, seed: int) -> list[BatchSample]:

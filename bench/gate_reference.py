@@ -36,8 +36,8 @@ from liveloop.trainer.safeguards.probing import (
     probe_seeds,
     render_prompts,
     reply_logprobs,
-    sample_replies,
 )
+from liveloop.trainer.safeguards.sampling import sample_replies
 
 
 def conversations(policy: Policy, probes: list[Probe], history: int, tokens: int) -> list[Probe]:

@@ -36,7 +36,7 @@ def cycles(model: str, count: int, trim: bool) -> list[float]:
     from liveloop.trainer.memory import release_freed_memory
     from liveloop.trainer.policy import load_policy
     from liveloop.trainer.ppo import PPOUpdater
-    from liveloop.trainer.safeguards.probing import sample_replies
+    from liveloop.trainer.safeguards.sampling import sample_replies
 
     cfg = load_settings([presets.demo_preset(model, None)], model=model).trainer
     policy = load_policy(model, "cpu", cfg.lora, with_reference=True)

@@ -12,7 +12,8 @@ from liveloop.config.trainer import LoraSettings
 from liveloop.trainer.policy import Policy, completion_logprobs, load_policy
 from liveloop.trainer.safeguards.gate import reference_weights
 from liveloop.trainer.safeguards.prefixes import ReferencePrompts
-from liveloop.trainer.safeguards.probing import Sampled, reply_logprobs, sample_replies
+from liveloop.trainer.safeguards.probing import Sampled, reply_logprobs
+from liveloop.trainer.safeguards.sampling import sample_replies
 
 PROMPTS = [[5, 9, 11, 30, 2, 17, 18, 19], [7, 8], [40, 41, 42, 43, 44], [3]]
 

@@ -16,7 +16,8 @@ from liveloop.contracts import TurnRecord
 from liveloop.probe_sources import ProbeContext
 from liveloop.trainer.policy import Policy, load_policy
 from liveloop.trainer.safeguards.gate import build_panel
-from liveloop.trainer.safeguards.probing import probe_seeds, sample_replies
+from liveloop.trainer.safeguards.probing import probe_seeds
+from liveloop.trainer.safeguards.sampling import sample_replies
 from liveloop.trainer.safeguards.sources import ServedPrompts
 from tests.synthetic import make_turn, user, write_turns
 

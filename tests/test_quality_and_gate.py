@@ -29,9 +29,9 @@ from liveloop.trainer.safeguards.probing import (
     ProbeReply,
     ProbeResult,
     reply_logprobs,
-    sample_replies,
     summarise,
 )
+from liveloop.trainer.safeguards.sampling import sample_replies
 from tests.server_proc import ADMIN_KEY, ServerProcess
 from tests.test_collector_support import settings_for, trainer_of
 from tests.test_trainer import make_samples

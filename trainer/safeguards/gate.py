@@ -60,8 +60,8 @@ from liveloop.trainer.safeguards.probing import (
     pooled,
     probe_seeds,
     render_prompts,
-    sample_replies,
 )
+from liveloop.trainer.safeguards.sampling import sample_replies
 
 log = logging.getLogger(__name__)
 

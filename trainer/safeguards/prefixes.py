@@ -102,7 +102,7 @@ class ReferencePrompts:
         ids = torch.tensor([list(prompt)], device=_device(model))
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
         first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        cache = getattr(out, _cache_name(model))
+        cache = getattr(out, cache_argument(model))
         return PromptEntry(cache, first, len(prompt), _cache_bytes(cache))
 
     def _over(self, model: Any, entry: PromptEntry, completion: Sequence[int], keep: bool) -> Any:
@@ -115,7 +115,7 @@ class ReferencePrompts:
             return head.cpu()
         ids = torch.tensor([list(completion[:-1])], device=entry.first.device)
         try:
-            out = model(input_ids=ids, use_cache=True, **{_cache_name(model): entry.cache})
+            out = model(input_ids=ids, use_cache=True, **{cache_argument(model): entry.cache})
         finally:
             if keep:
                 self._cut_back(entry)
@@ -142,7 +142,7 @@ def _device(model: Any) -> Any:
     return next(model.parameters()).device
 
 
-def _cache_name(model: Any) -> str:
+def cache_argument(model: Any) -> str:
     """What the causal LM's forward (under a PEFT wrapper, its base's) calls the cache, in
     its argument and its output: transformers 5's `cache`, 4.x's `past_key_values`."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -5,12 +5,12 @@ A probe is a request (its messages, and tools if any) from a probe source
 question of the demo's held-out simulated users. A probe may carry how its asker reacts to a
 reply; the reaction is then the next state the configured judges score, exactly as in the
 judging loop, and without one the judges score the reply alone. Replies are sampled in one
-batched `generate`, each with random numbers of its own, seeded by what the probe asks
-(`probe_seeds`): two versions answer the same question with the same random numbers, which
-keeps their comparison tight, whichever other probes share the batch, so a version's reply
-to a probe measured once can stand in any later set that holds the probe. The sampling
-model's own log-probs of the sampled tokens come from the logits `generate` computed anyway,
-so only the reference model runs a second pass: each reply's NLL per token under it (how
+batch (`liveloop.trainer.safeguards.sampling`), each with random numbers of its own, seeded
+by what the probe asks (`probe_seeds`): two versions answer the same question with the same
+random numbers, which keeps their comparison tight, whichever other probes share the batch,
+so a version's reply to a probe measured once can stand in any later set that holds the
+probe. The sampling model's own log-probs of the sampled tokens come from the logits of the
+decoding itself, so only the reference model runs a second pass: each reply's NLL per token under it (how
 unnatural the reply is) and a k3 estimate of the KL from the policy to the reference.
 """
 
@@ -195,90 +195,6 @@ def probe_seeds(seed: int, prompts: list[list[int]]) -> list[int]:
         digest = hashlib.blake2b(repr((seed, nth, prompt)).encode(), digest_size=7).digest()
         seeds.append(int.from_bytes(digest, "big"))
     return seeds
-
-
-def sample_replies(
-    model: Any,
-    tokenizer: Any,
-    prompts: list[list[int]],
-    *,
-    max_tokens: int,
-    temperature: float,
-    seeds: Sequence[int],
-) -> Sampled:
-    """Sample one reply per prompt in one batched `generate` (left-padded), each prompt's
-    with the random numbers of its own seed: the same prompt and seed give the same reply
-    whatever else is in the batch."""
-    import torch
-    from transformers import LogitsProcessorList
-
-    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids.to(model.device),
-                attention_mask=mask.to(model.device),
-                do_sample=False,  # the sampling is RowSampler's: the largest noised logit
-                temperature=None,
-                top_k=None,
-                top_p=None,
-                logits_processor=LogitsProcessorList([RowSampler(seeds, temperature)]),
-                max_new_tokens=max_tokens,
-                pad_token_id=pad,
-                eos_token_id=sorted(eos_ids),
-                return_dict_in_generate=True,
-                output_logits=True,
-            )
-    finally:
-        model.train(was_training)
-    sampled = out.sequences[:, width:]
-    logp = _sampled_logprobs(out.logits, sampled)
-    completions: list[list[int]] = []
-    for row in sampled.tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
-        completions.append(row[:cut])
-    texts = [tokenizer.decode(c, skip_special_tokens=True).strip() for c in completions]
-    own = [logp[i, : len(c)] for i, c in enumerate(completions)]
-    return Sampled(list(prompts), completions, texts, own)
-
-
-class RowSampler:
-    """A logits processor that turns greedy decoding into sampling at `temperature`, each row
-    with its own seeded generator (the Gumbel-max trick: the largest of logit / temperature
-    plus Gumbel noise is a draw from the tempered softmax). A row's draws depend only on its
-    seed, never on the batch around it, unlike `generate`'s own sampling."""
-
-    def __init__(self, seeds: Sequence[int], temperature: float) -> None:
-        import torch
-
-        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        self.temperature = temperature
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        vocab = scores.shape[-1]
-        uniform = torch.stack([torch.rand(vocab, generator=g) for g in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
-        return scores.float() / self.temperature + gumbel.to(scores.device)
-
-
-def _sampled_logprobs(logits: tuple[torch.Tensor, ...], sampled: torch.Tensor) -> torch.Tensor:
-    """Log-prob of each sampled token under the raw (untempered) logits of its step."""
-    import torch
-
-    steps = [
-        torch.log_softmax(step.float(), dim=-1).gather(1, sampled[:, i, None]).squeeze(1)
-        for i, step in enumerate(logits)
-    ]
-    return torch.stack(steps, dim=1).cpu()
 
 
 def reply_logprobs(
