@@ -38,7 +38,9 @@ def _padded(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     eos = [policy.tokenizer.eos_token_id]
     with torch.no_grad():
-        return sampling._generate(model, policy.tokenizer, prompts, RowSampler(seeds, 1.0), 16, eos)
+        return sampling.generate_padded(
+            model, policy.tokenizer, prompts, RowSampler(seeds, 1.0), 16, eos
+        )
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,7 @@ def sample_replies(
         with torch.no_grad():
             prefilled = prefill(model, prompts)
             if prefilled is None:
-                tokens, logprobs = _generate(
+                tokens, logprobs = generate_padded(
                     model, tokenizer, prompts, sampler, max_tokens, eos_ids
                 )
             else:
@@ -294,7 +294,7 @@ def decode(
     return torch.stack(tokens, dim=1).cpu(), torch.stack(logprobs, dim=1).cpu()
 
 
-def _generate(
+def generate_padded(
     model: Any,
     tokenizer: Any,
     prompts: list[list[int]],
