@@ -156,14 +156,10 @@ def prefill(model: Any, prompts: Sequence[Sequence[int]]) -> Prefilled | None:
             return None
         layers = layers or _empty_layers(grown, len(prompts), width)
         for (keys, values), layer in zip(layers, grown.layers, strict=True):
-            for row, i in enumerate(group):
-                if own[i]:
-                    keys[i, :, width - own[i] :] = layer.keys[
-                        row, :, start + group_width - own[i] :
-                    ]
-                    values[i, :, width - own[i] :] = layer.values[
-                        row, :, start + group_width - own[i] :
-                    ]
+            for row, i in enumerate(group):  # each row's own tokens, right-aligned
+                taken = slice(start + group_width - own[i], None)
+                keys[i, :, width - own[i] :] = layer.keys[row, :, taken]
+                values[i, :, width - own[i] :] = layer.values[row, :, taken]
     return _joined(head, layers, own, start, width, len(prompts), device)
 
 
