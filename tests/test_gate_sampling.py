@@ -18,7 +18,7 @@ from liveloop.trainer.safeguards.sampling import (
     shared_start,
 )
 
-SYSTEM = [5, 9, 11, 30, 2, 17]  # a start every prompt below shares but the last two
+SYSTEM = [5, 9, 11, 30, 2, 17]  # the start every prompt of PROMPTS shares
 PROMPTS = [
     [*SYSTEM, 40, 41],
     [*SYSTEM, 40, 41, 42, 43, 44, 45, 46, 47, 48],

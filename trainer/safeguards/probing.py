@@ -10,8 +10,9 @@ by what the probe asks (`probe_seeds`): two versions answer the same question wi
 random numbers, which keeps their comparison tight, whichever other probes share the batch,
 so a version's reply to a probe measured once can stand in any later set that holds the
 probe. The sampling model's own log-probs of the sampled tokens come from the logits of the
-decoding itself, so only the reference model runs a second pass: each reply's NLL per token under it (how
-unnatural the reply is) and a k3 estimate of the KL from the policy to the reference.
+decoding itself, so only the reference model runs a second pass: each reply's NLL per token
+under it (how unnatural the reply is) and a k3 estimate of the KL from the policy to the
+reference.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The gate answers a few dozen probes per version. Their prompts differ in length (a first
 question, a question after two exchanges) and most share a long start (the system message,
 the tools' schemas). A batched `generate` pads every prompt on the left to the longest and
-runs the padding and the shared start once per row; on a CPU that padded prefill was half
-of a probe's seconds. Here the shared start is run once and its keys and values are given
+runs the padding and the shared start once per row, which on a small CPU is a large part of
+a probe's time. Here the shared start is run once and its keys and values are given
 to every row, the rest of each prompt is run in groups of similar length, and the rows'
 keys and values are then laid side by side (a gap of masked positions between the shared
 start and each row's own tokens) for one batched decode: the same replies and log-probs as
@@ -12,7 +12,7 @@ a padded batch (to float rounding), for the prompt tokens alone.
 
 Each row draws with its own seeded random numbers (`RowSampler`), so a prompt's reply does
 not depend on what else is in the batch. A model whose cache is not a plain list of keys and
-values per layer (sliding windows, say) is sampled with `generate` as before.
+values per layer (sliding windows, say) is sampled with a left-padded `generate`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from liveloop.trainer.safeguards.probing import Sampled
 if TYPE_CHECKING:
     import torch
 
-LENGTH_SLACK = (
-    1.15  # prompts grouped for their prefill are at most this much longer than the group's shortest
-)
+# Prompts grouped for their prefill are at most this much longer than the group's shortest.
+LENGTH_SLACK = 1.15
 
 
 class RowSampler:
