@@ -49,8 +49,7 @@ def session_probes(policy: Policy, args: argparse.Namespace, tokens: int) -> lis
 def both_ways(model: Any, tokenizer: Any, prompts: list[list[int]], tokens: int) -> dict[str, Any]:
     """One sampling each way, timed, and how far apart their replies and log-probs are."""
     seeds = probe_seeds(10_000, prompts)
-    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
-    eos_ids = sorted(set(eos if isinstance(eos, list) else [eos]))
+    eos_ids = sampling.end_ids(model, tokenizer)
     sampler = sampling.RowSampler(seeds, 1.0)
     padded_s, (padded, logprobs) = timed(
         lambda: sampling.generate_padded(model, tokenizer, prompts, sampler, tokens, eos_ids)

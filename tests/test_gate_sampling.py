@@ -36,7 +36,7 @@ def _policy() -> Policy:
 def _padded(
     model: object, policy: Policy, prompts: list[list[int]], seeds: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    eos = [policy.tokenizer.eos_token_id]
+    eos = sampling.end_ids(model, policy.tokenizer)
     with torch.no_grad():
         return sampling.generate_padded(
             model, policy.tokenizer, prompts, RowSampler(seeds, 1.0), 16, eos

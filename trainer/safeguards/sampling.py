@@ -75,8 +75,7 @@ def sample_replies(
     batch. Each reply token's log-prob is the untempered one of the model that sampled it."""
     import torch
 
-    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
-    eos_ids = sorted(set(eos if isinstance(eos, list) else [eos]))
+    eos_ids = end_ids(model, tokenizer)
     sampler = RowSampler(seeds, temperature)
     was_training = model.training
     model.eval()
@@ -98,6 +97,12 @@ def sample_replies(
     texts = [tokenizer.decode(c, skip_special_tokens=True).strip() for c in completions]
     own = [logprobs[i, : len(c)] for i, c in enumerate(completions)]
     return Sampled(list(prompts), completions, texts, own)
+
+
+def end_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The token ids that end a reply: the model's generation config's, else the tokenizer's."""
+    eos = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    return sorted(set(eos if isinstance(eos, list) else [eos]))
 
 
 def shared_start(prompts: Sequence[Sequence[int]]) -> int:
@@ -236,20 +241,9 @@ def _joined(
     lengths = [start + n + 1 for n in own]
     if head is None and layers is None:  # one-token prompts: nothing to run before decoding
         return Prefilled(None, mask, lengths)
-    cache = DynamicCache()
-    count = len(head.layers) if head is not None else len(layers or [])
-    for index in range(count):
-        parts = []
-        if head is not None:
-            shared = head.layers[index]
-            parts.append(
-                (shared.keys.expand(rows, -1, -1, -1), shared.values.expand(rows, -1, -1, -1))
-            )
-        if layers is not None:
-            parts.append(layers[index])
-        keys = torch.cat([k for k, _ in parts], dim=2)
-        values = torch.cat([v for _, v in parts], dim=2)
-        cache.update(keys, values, index)
+    cache = _repeated(head, rows) if head is not None else DynamicCache()
+    for index, (keys, values) in enumerate(layers or []):
+        cache.update(keys, values, index)  # after the shared start's, where there is one
     return Prefilled(cache, mask, lengths)
 
 
