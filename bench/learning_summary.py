@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -38,15 +39,19 @@ def relative(arg: str) -> str:
 
 
 def spread(values: list[float | None]) -> dict[str, Any]:
-    """Mean, standard deviation, min and max of the values that exist."""
+    """Mean, standard deviation, the mean's standard error (`std` over the square root of
+    `n`: how far the mean of this many runs may sit from the mean of many more), min and max
+    of the values that exist."""
     given = [v for v in values if v is not None]
     if not given:
         return {"n": 0, "missing": len(values)}
+    std = statistics.stdev(given) if len(given) > 1 else 0.0
     return {
         "n": len(given),
         "missing": len(values) - len(given),
         "mean": statistics.fmean(given),
-        "std": statistics.stdev(given) if len(given) > 1 else 0.0,
+        "std": std,
+        "mean_se": std / math.sqrt(len(given)),
         "min": min(given),
         "max": max(given),
     }

@@ -4,6 +4,8 @@ summed up over runs, telling a run ahead by the margin from one that met the tar
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,7 @@ def test_summary_counts_runs_ahead_and_runs_that_met_the_target() -> None:
     assert rows["ahead.json"]["quality_kept_by_scope"] == {"tenant": True, "shared": False}
     brief = out["over_runs"]["brief"]["gain_difference"]
     assert brief["n"] == 3 and brief["mean"] == pytest.approx((0.4 + 0.4 + 0.1) / 3)
+    assert brief["mean_se"] == pytest.approx(statistics.stdev([0.4, 0.4, 0.1]) / math.sqrt(3))
     assert brief["min"] == pytest.approx(0.1)
 
 
