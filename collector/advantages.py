@@ -5,7 +5,11 @@ together; `GroupAssembler` holds each group open for `group_wait_s` after its fi
 then the group is closed. A group of two or more gets advantages (score - mean) / (std + eps)
 (all zero when every sample scored the same); a lone sample gets score minus a running
 baseline, an exponential moving average with bias correction, so the first scores are not
-measured against an arbitrary zero.
+measured against an arbitrary zero. The very first score of a baseline has nothing to be
+measured against and gets no advantage: against zero, a new tenant's or judge's first
+replies would be pushed down (or up) for nothing but the scale of the scores, and under
+`trainer.skip_flat_samples` a batch holding little else would cost an update and a gate
+round.
 
 There is one baseline per judge (or one that all judges share, `baseline_per_judge` off:
 for judges that score the same outcome on one scale, such as explicit feedback at the end of
@@ -157,12 +161,14 @@ class Baselines:
             return None
         return f"{self.judge_of(turn)}{TASK_MARK}{task_key(turn)}"
 
-    def value_for(self, turn: ScoredTurn, task: str | None) -> float:
-        """The baseline a lone turn is measured against (`task`: its `task_name`)."""
+    def value_for(self, turn: ScoredTurn, task: str | None) -> float | None:
+        """The baseline a lone turn is measured against (`task`: its `task_name`); None
+        before its judge has scored anything."""
         baseline = self.by_task.get(task) if task is not None else None
         if baseline is not None and baseline.count >= self.min_task_turns:
             return baseline.value
-        return self.get(self.judge_of(turn)).value
+        judge = self.get(self.judge_of(turn))
+        return judge.value if judge.count else None
 
     def update(self, turn: ScoredTurn, task: str | None) -> None:
         """Fold the turn's score into its judge's baseline (and its task's, if `task`)."""
@@ -218,7 +224,8 @@ class Baselines:
             for p in group:
                 p.advantage = 0.0 if std < GROUP_STD_EPS else (p.turn.score - mean) / std
         else:
-            group[0].advantage = group[0].turn.score - self.value_for(group[0].turn, tasks[0])
+            baseline = self.value_for(group[0].turn, tasks[0])
+            group[0].advantage = 0.0 if baseline is None else group[0].turn.score - baseline
         for p, task in zip(group, tasks, strict=True):
             self.update(p.turn, task)
 

@@ -110,9 +110,9 @@ async def test_group_normalised_advantages_and_per_judge_baseline(
     assert adv["g:0:0"] == pytest.approx(1 / std)
     assert adv["g:0:1"] == pytest.approx(0.0)
     assert adv["g:0:2"] == pytest.approx(-1 / std)
-    # Each lone turn is the first of its judge: measured against an empty baseline (0).
-    assert adv["x1:0:0"] == pytest.approx(1.0)
-    assert adv["y1:0:0"] == pytest.approx(-0.5)
+    # Each lone turn is the first of its judge: nothing to measure it against, no signal.
+    assert adv["x1:0:0"] == 0.0
+    assert adv["y1:0:0"] == 0.0
 
 
 def test_running_baseline_is_a_bias_corrected_ema_per_judge() -> None:
@@ -123,11 +123,12 @@ def test_running_baseline_is_a_bias_corrected_ema_per_judge() -> None:
         baselines.assign([p])
         return p.advantage
 
-    assert lone(1.0) == pytest.approx(1.0)  # nothing seen yet
+    assert lone(1.0) == 0.0  # nothing seen yet: no baseline, no signal
     assert lone(0.0) == pytest.approx(-1.0)  # baseline = 1.0 after one score
     # after [1, 0]: raw = 0.9 * 0.1 + 0.1 * 0 = 0.09, corrected 0.09 / (1 - 0.81)
     assert lone(0.5) == pytest.approx(0.5 - 0.09 / 0.19)
-    assert lone(0.5, judge="llm") == pytest.approx(0.5)  # another judge, own baseline
+    assert lone(0.5, judge="llm") == 0.0  # another judge, own baseline: its first score
+    assert lone(-0.5, judge="llm") == pytest.approx(-1.0)
     # A group with equal scores carries no signal.
     group = [
         PendingSample(str(i), scored_turn("e", sample_index=i, score=0.3), 0.0) for i in (0, 1)

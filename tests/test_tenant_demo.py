@@ -164,11 +164,14 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
 def test_tenants_demo_on_tiny_random_trains_each_tenants_adapter_apart(tmp_path: Path) -> None:
     """`liveloop demo --tenants 2 --scope tenant` end to end (tiny-random with the tenants
     preset's adapters): each tenant's turns judged, its own adapter trained and served to it,
-    held-out users of each style, isolation read back from the streams."""
+    held-out users of each style, isolation read back from the streams. Tiny-random's
+    replies of a few words please brief users at 8 words about half the time (a signal to
+    learn from) and never please explained users (no signal: no adapter)."""
     cmd = [*CLI, "demo", "--tenants", "2", "--scope", "tenant", "--model", "tiny-random",
            "--minutes", "0.75", "--port", str(free_port()), "--data-dir", str(tmp_path),
            "--quiet"]  # fmt: skip
-    env_lr = {"LIVELOOP_TRAINER__LR": "0.02", "LIVELOOP_DEMO__TURNS_PER_UPDATE": "8"}
+    env_lr = {"LIVELOOP_TRAINER__LR": "0.02", "LIVELOOP_DEMO__TURNS_PER_UPDATE": "8",
+              "LIVELOOP_DEMO__BRIEF_WORDS": "8"}  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **env_lr})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -183,8 +186,13 @@ def test_tenants_demo_on_tiny_random_trains_each_tenants_adapter_apart(tmp_path:
         assert figures["turns"] > 0 and figures["held_out_reward"]["base"] is not None
         assert len(figures["same_questions"]) == 3
         assert sum(figures["reactions"]["first"].values()) == pytest.approx(1.0)
-    trained = [r for r in rows if max(r["tenant"]["versions"]) > 0]
-    assert trained, rows  # at least one tenant was served a version of its own adapter
+    brief, explained = (r["tenant"] for r in rows)
+    assert max(brief["versions"]) > 0, brief  # served versions of its own adapter
+    assert -1.0 < brief["reward_first_window"] < 1.0, brief  # pleased and not: a signal
+    # Every explained turn scored -1: each was flat against the tenant's baselines (the
+    # first of each, with nothing to be measured against, too), so no update was made.
+    assert explained["reward_first_window"] == explained["reward_last_window"] == -1.0
+    assert explained["versions"] == [0], explained
     assert "## Judged reward per tenant" in (tmp_path / "demo" / "report.md").read_text()
 
 
