@@ -170,10 +170,10 @@ def test_tenants_demo_on_tiny_random_trains_each_tenants_adapter_apart(tmp_path:
     cmd = [*CLI, "demo", "--tenants", "2", "--scope", "tenant", "--model", "tiny-random",
            "--minutes", "0.75", "--port", str(free_port()), "--data-dir", str(tmp_path),
            "--quiet"]  # fmt: skip
-    env_lr = {"LIVELOOP_TRAINER__LR": "0.02", "LIVELOOP_DEMO__TURNS_PER_UPDATE": "8",
+    settings_env = {"LIVELOOP_TRAINER__LR": "0.02", "LIVELOOP_DEMO__TURNS_PER_UPDATE": "8",
               "LIVELOOP_DEMO__BRIEF_WORDS": "8"}  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **env_lr})  # fmt: skip
+                          env={**os.environ, **settings_env})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "demo" / "report.json").read_text())
     assert list(report["scopes"]) == ["tenant"]
