@@ -20,6 +20,7 @@ from liveloop.probe_sources import Probe, ProbeContext
 from liveloop.reading import question_topic
 from liveloop.server.api.auth import tenant_id
 from liveloop.trainer.policy import load_policy
+from liveloop.trainer.safeguards import sources
 from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
 from liveloop.trainer.safeguards.probing import ProbeReply, summarise
 from liveloop.trainer.safeguards.sources import (
@@ -48,6 +49,18 @@ def test_sources_by_name_and_a_bad_one_stops_the_trainer(tmp_path: Path) -> None
     unguarded = settings_for("redis://127.0.0.1:1", tmp_path, trainer={
         "gate": {"probe_source": "x", "enabled": False}})  # fmt: skip
     trainer_of(unguarded)  # no gate: its source is never looked up
+
+
+def test_the_demo_source_is_found_in_a_source_checkout_without_entry_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A source checkout on PYTHONPATH has no installed distribution, so no entry points: the
+    demo's trainer must still find LiveLoop's own `demo` source (it used to exit at start-up)."""
+    monkeypatch.setattr(sources, "entry_points", lambda group: [])
+    assert probe_source_class(GateSettings(probe_source="demo")) is HeldOutUsers
+    known = r"\(known: auto, demo, prompts, served\)"
+    with pytest.raises(ConfigError, match=rf"unknown source 'x' {known}"):
+        probe_source_class(GateSettings(probe_source="x"))
 
 
 def _texts(probes: list[Probe]) -> set[str]:

@@ -8,6 +8,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from liveloop.trainer.safeguards.sources import SHIPPED
+
 
 @pytest.mark.parametrize("name", ["server", "prm", "collector", "trainer"])
 def test_no_top_level_loop_module(name: str, tmp_path) -> None:
@@ -30,3 +32,10 @@ def test_builtin_judges_are_registered_under_the_namespace() -> None:
     found = {ep.name: ep.value for ep in entry_points(group="liveloop.judges")}
     for name in ("rules", "llm", "feedback"):
         assert found[name].startswith("liveloop.prm.judges."), found
+
+
+def test_shipped_probe_sources_are_the_declared_entry_points() -> None:
+    """The trainer knows LiveLoop's own probe sources without an installed distribution; the
+    names and targets it knows are the ones the package declares."""
+    found = {ep.name: ep.value for ep in entry_points(group="liveloop.probe_sources")}
+    assert {name: found.get(name) for name in SHIPPED} == SHIPPED

@@ -15,6 +15,9 @@ Both give each probe the topic its last user message names
 (`liveloop.reading.question_topic`), so the gate's topic rate applies to them.
 Any other name is looked up in the `liveloop.probe_sources` entry-point group (the demo
 registers `demo`, its held-out simulated users, there) and checked when the trainer starts.
+LiveLoop's own `demo` is also known without an installed distribution, so a source checkout
+on PYTHONPATH (which has no entry points) finds it too; an installed entry point of the same
+name takes precedence.
 The contract (`Probe`, `ProbeSource`, `ProbeContext`) is `liveloop.probe_sources`.
 """
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from liveloop import bus
@@ -140,6 +143,15 @@ def served_probe(turn: TurnRecord) -> Probe:
 
 
 BUILTIN: dict[str, type[ProbeSource]] = {"prompts": OperatorPrompts, "served": ServedPrompts}
+# LiveLoop's own plug-in sources, by the entry point its package declares for each.
+SHIPPED = {"demo": "liveloop.demo.gate_probes:HeldOutUsers"}
+
+
+def plugin_sources() -> dict[str, EntryPoint]:
+    """Every plug-in source name, with the entry point that provides it."""
+    found = {name: EntryPoint(name, value, GROUP) for name, value in SHIPPED.items()}
+    found.update({ep.name: ep for ep in entry_points(group=GROUP)})
+    return found
 
 
 def probe_source_class(gate: GateSettings) -> type[ProbeSource]:
@@ -149,7 +161,7 @@ def probe_source_class(gate: GateSettings) -> type[ProbeSource]:
         name = "prompts" if gate.prompts else "served"
     if name in BUILTIN:
         return BUILTIN[name]
-    found = {ep.name: ep for ep in entry_points(group=GROUP)}
+    found = plugin_sources()
     if name not in found:
         known = ", ".join(sorted({"auto", *BUILTIN, *found}))
         raise ConfigError(f"trainer.gate.probe_source: unknown source {name!r} (known: {known})")
