@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aredis
 import torch
 
+from liveloop import plugins
 from liveloop.config import ConfigError, SharedSettings, load_settings
 from liveloop.config.gate import GateSettings
 from liveloop.contracts import TurnRecord
@@ -20,7 +21,6 @@ from liveloop.probe_sources import Probe, ProbeContext
 from liveloop.reading import question_topic
 from liveloop.server.api.auth import tenant_id
 from liveloop.trainer.policy import load_policy
-from liveloop.trainer.safeguards import sources
 from liveloop.trainer.safeguards.gate import PromotionGate, build_panel
 from liveloop.trainer.safeguards.probing import ProbeReply, summarise
 from liveloop.trainer.safeguards.sources import (
@@ -56,7 +56,7 @@ def test_the_demo_source_is_found_in_a_source_checkout_without_entry_points(
 ) -> None:
     """A source checkout on PYTHONPATH has no installed distribution, so no entry points: the
     demo's trainer must still find LiveLoop's own `demo` source (it used to exit at start-up)."""
-    monkeypatch.setattr(sources, "entry_points", lambda group: [])
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [])
     assert probe_source_class(GateSettings(probe_source="demo")) is HeldOutUsers
     known = r"\(known: auto, demo, prompts, served\)"
     with pytest.raises(ConfigError, match=rf"unknown source 'x' {known}"):

@@ -171,7 +171,7 @@ def test_tenants_demo_on_tiny_random_trains_each_tenants_adapter_apart(tmp_path:
            "--minutes", "0.75", "--port", str(free_port()), "--data-dir", str(tmp_path),
            "--quiet"]  # fmt: skip
     settings_env = {"LIVELOOP_TRAINER__LR": "0.02", "LIVELOOP_DEMO__TURNS_PER_UPDATE": "8",
-              "LIVELOOP_DEMO__BRIEF_WORDS": "8"}  # fmt: skip
+                    "LIVELOOP_DEMO__BRIEF_WORDS": "8"}  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **settings_env})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,12 +7,13 @@ them too; an installed entry point of the same name takes precedence.
 
 from __future__ import annotations
 
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from liveloop.config import ConfigError, JudgeConfig, SharedSettings
+from liveloop.plugins import named_plugins
 from liveloop.prm.judges.base import Judge, JudgeContext
 
 GROUP = "liveloop.judges"
@@ -25,10 +26,7 @@ BUILTIN = {
 
 def available_judges() -> dict[str, EntryPoint]:
     """Every judge name that can be used, with the entry point that provides it."""
-    found = {name: EntryPoint(name, value, GROUP) for name, value in BUILTIN.items()}
-    for ep in entry_points(group=GROUP):
-        found[ep.name] = ep
-    return dict(sorted(found.items()))
+    return named_plugins(GROUP, BUILTIN)
 
 
 def unknown_judge_error(name: str, available: dict[str, EntryPoint]) -> ConfigError:

@@ -26,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from liveloop import bus
 from liveloop.config import ConfigError
 from liveloop.config.gate import GateSettings
 from liveloop.contracts import TurnRecord
+from liveloop.plugins import named_plugins
 from liveloop.probe_sources import Probe, ProbeContext, ProbeSource
 from liveloop.reading import question_topic
 
@@ -147,13 +147,6 @@ BUILTIN: dict[str, type[ProbeSource]] = {"prompts": OperatorPrompts, "served": S
 SHIPPED = {"demo": "liveloop.demo.gate_probes:HeldOutUsers"}
 
 
-def plugin_sources() -> dict[str, EntryPoint]:
-    """Every plug-in source name, with the entry point that provides it."""
-    found = {name: EntryPoint(name, value, GROUP) for name, value in SHIPPED.items()}
-    found.update({ep.name: ep for ep in entry_points(group=GROUP)})
-    return found
-
-
 def probe_source_class(gate: GateSettings) -> type[ProbeSource]:
     """The class `trainer.gate.probe_source` names (ConfigError for an unknown one)."""
     name = gate.probe_source
@@ -161,7 +154,7 @@ def probe_source_class(gate: GateSettings) -> type[ProbeSource]:
         name = "prompts" if gate.prompts else "served"
     if name in BUILTIN:
         return BUILTIN[name]
-    found = plugin_sources()
+    found = named_plugins(GROUP, SHIPPED)
     if name not in found:
         known = ", ".join(sorted({"auto", *BUILTIN, *found}))
         raise ConfigError(f"trainer.gate.probe_source: unknown source {name!r} (known: {known})")
