@@ -73,6 +73,25 @@ def thaw_frozen(fleet: Fleet) -> list[str]:
     return frozen
 
 
+def collector_backlog(client: redis.Redis) -> int:
+    """Judged turns the collector has not batched yet: unread plus read but unacknowledged."""
+    group = next((g for g in stream_groups(client, "scored") if g["name"] == "collector"), {})
+    return int(group.get("lag") or 0) + int(group.get("pending") or 0)
+
+
+def hold_back(traffic: Traffic, client: redis.Redis, max_backlog: int) -> int:
+    """Hold the agents back while more than `max_backlog` judged turns wait for the
+    collector (it and the trainer are slowed by the kills, the agents are not: unchecked,
+    a long campaign served more turns than the loops could drain in time); the backlog."""
+    backlog = collector_backlog(client)
+    assert traffic.flowing is not None
+    if backlog > max_backlog:
+        traffic.flowing.clear()
+    else:
+        traffic.flowing.set()
+    return backlog
+
+
 async def _drive(
     fleet: Fleet,
     traffic: Traffic,
@@ -80,27 +99,35 @@ async def _drive(
     seconds: float,
     min_kills: int,
     max_seconds: float,
+    max_backlog: int,
 ) -> float:
     """Traffic and kills for `seconds`, then on until the goal (or `max_seconds`)."""
     stop = asyncio.Event()
-    started = time.monotonic()
+    traffic.flowing = asyncio.Event()
+    traffic.flowing.set()
+    client = redis.Redis.from_url(fleet.redis_url, decode_responses=True)
+    started = reported = time.monotonic()
     task = asyncio.create_task(traffic.run(stop))
     threads = [threading.Thread(target=k.run, daemon=True, name=k.loop) for k in killers]
     for t in threads:
         t.start()
-    await asyncio.sleep(seconds)
-    reported = time.monotonic()
-    while time.monotonic() - started < max_seconds:
-        state = campaign_state(fleet, killers)
-        if goal_reached(state, min_kills):
-            break
-        if time.monotonic() - reported > 30:
-            progress("kills", started, served=len(traffic.served), **state)
-            reported = time.monotonic()
-        await asyncio.sleep(0.5)
+    try:
+        while time.monotonic() - started < max_seconds:
+            backlog = hold_back(traffic, client, max_backlog)
+            elapsed = time.monotonic() - started
+            state = campaign_state(fleet, killers)
+            if elapsed >= seconds and goal_reached(state, min_kills):
+                break
+            if time.monotonic() - reported > 30:
+                progress("kills", started, served=len(traffic.served), backlog=backlog, **state)
+                reported = time.monotonic()
+            await asyncio.sleep(0.5)
+    finally:
+        client.close()
     for k in killers:
         k.stop.set()
     stop.set()
+    traffic.flowing.set()  # agents held back see the stop
     await task
     for t in threads:
         await asyncio.to_thread(t.join)
@@ -146,9 +173,11 @@ def run_campaign(
     every_s: dict[str, float] | None = None,
     seed: int = 0,
     drain_timeout_s: float = 180.0,
+    max_backlog: int = 300,
 ) -> dict[str, Any]:
     """Traffic for `seconds` (then on until `min_kills` kills and both aimed kinds, within
-    `max_seconds`) while judge, collector and trainer are killed; the figures."""
+    `max_seconds`) while judge, collector and trainer are killed, held back while more than
+    `max_backlog` judged turns wait for the collector; the figures."""
     every = every_s or {"judge": 2.0, "collect": 2.0, "train": 3.0}
     fleet = Fleet(root, CONFIG)
     watcher = Watcher(fleet, root / "batch-archive")
@@ -162,7 +191,9 @@ def run_campaign(
             for name in every
         ]
         traffic = Traffic(fleet.base_url, agents=agents, max_tokens=8, seed=seed)
-        traffic_s = asyncio.run(_drive(fleet, traffic, killers, seconds, min_kills, max_seconds))
+        traffic_s = asyncio.run(
+            _drive(fleet, traffic, killers, seconds, min_kills, max_seconds, max_backlog)
+        )
         frozen = thaw_frozen(fleet)
         drained_s = drain(fleet, traffic.served, drain_timeout_s)
     finally:

@@ -5,7 +5,8 @@ simulated agent runs sessions of a few turns (a question, then replies the rules
 thanks, corrections, tool-free follow-ups), names its session with `X-Session-Id`, streams
 some requests, and records every request: its session and turn index (from the response
 headers), status, error, latency, time to first token and the policy version it was served
-by. `Traffic.run(stop)` keeps `agents` sessions going until `stop` is set.
+by. `Traffic.run(stop)` keeps `agents` sessions going until `stop` is set; a run may hold
+them back between requests through `flowing`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Traffic:
     timeout_s: float = 60.0
     seed: int = 0
     think_s: float = 0.0
+    # when given, each agent waits for it before every request: a run holds its traffic
+    # back by clearing it (set it again, or stop, to let the agents go on)
+    flowing: asyncio.Event | None = None
     served: list[Served] = field(default_factory=list)
     marks: dict[str, float] = field(default_factory=dict)  # a run's own moments (perf_counter)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
@@ -105,6 +109,8 @@ class Traffic:
                 }
             ]
             for _turn in range(self.turns_per_session):
+                if self.flowing is not None:
+                    await self.flowing.wait()
                 if stop.is_set():
                     return
                 served, text = await self.request(client, session_id, messages, rng)
