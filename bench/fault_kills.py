@@ -79,16 +79,16 @@ def collector_backlog(client: redis.Redis) -> int:
     return int(group.get("lag") or 0) + int(group.get("pending") or 0)
 
 
-def hold_back(traffic: Traffic, client: redis.Redis, max_backlog: int) -> int:
-    """Hold the agents back while more than `max_backlog` judged turns wait for the
-    collector (it and the trainer are slowed by the kills, the agents are not: unchecked,
-    a long campaign served more turns than the loops could drain in time); the backlog."""
+def hold_back(flowing: asyncio.Event, client: redis.Redis, max_backlog: int) -> int:
+    """Hold the agents back (clear `flowing`) while more than `max_backlog` judged turns wait
+    for the collector (it and the trainer are slowed by the kills, the agents are not:
+    unchecked, a long campaign served more turns than the loops could drain in time); the
+    backlog."""
     backlog = collector_backlog(client)
-    assert traffic.flowing is not None
     if backlog > max_backlog:
-        traffic.flowing.clear()
+        flowing.clear()
     else:
-        traffic.flowing.set()
+        flowing.set()
     return backlog
 
 
@@ -103,31 +103,32 @@ async def _drive(
 ) -> float:
     """Traffic and kills for `seconds`, then on until the goal (or `max_seconds`)."""
     stop = asyncio.Event()
-    traffic.flowing = asyncio.Event()
-    traffic.flowing.set()
+    flowing = traffic.flowing = asyncio.Event()
+    flowing.set()
     client = redis.Redis.from_url(fleet.redis_url, decode_responses=True)
-    started = reported = time.monotonic()
+    started = time.monotonic()
+    reported = started + seconds
     task = asyncio.create_task(traffic.run(stop))
     threads = [threading.Thread(target=k.run, daemon=True, name=k.loop) for k in killers]
     for t in threads:
         t.start()
     try:
         while time.monotonic() - started < max_seconds:
-            backlog = hold_back(traffic, client, max_backlog)
-            elapsed = time.monotonic() - started
-            state = campaign_state(fleet, killers)
-            if elapsed >= seconds and goal_reached(state, min_kills):
-                break
-            if time.monotonic() - reported > 30:
-                progress("kills", started, served=len(traffic.served), backlog=backlog, **state)
-                reported = time.monotonic()
+            backlog = hold_back(flowing, client, max_backlog)
+            if time.monotonic() - started >= seconds:  # the goal is only looked at from then
+                state = campaign_state(fleet, killers)
+                if goal_reached(state, min_kills):
+                    break
+                if time.monotonic() - reported > 30:
+                    progress("kills", started, served=len(traffic.served), backlog=backlog, **state)
+                    reported = time.monotonic()
             await asyncio.sleep(0.5)
     finally:
         client.close()
     for k in killers:
         k.stop.set()
     stop.set()
-    traffic.flowing.set()  # agents held back see the stop
+    flowing.set()  # agents held back see the stop
     await task
     for t in threads:
         await asyncio.to_thread(t.join)
