@@ -9,6 +9,7 @@ import pytest
 from liveloop.cli import build_parser, settings_from_args
 from liveloop.config import ConfigError
 from liveloop.demo import preferences as prefs
+from liveloop.demo import styles
 from liveloop.demo.preferences import (
     TOPICS,
     OneSentence,
@@ -181,15 +182,29 @@ def test_weather_share_sets_how_many_users_ask_about_the_weather() -> None:
 
 
 def _every_phrase(fill: dict[str, object]) -> dict[str, list[str]]:
+    """Each reply a simulated user can send, by the rating the user gives with it."""
     negative = [*prefs.TOO_LONG, *prefs.WANTS_OPENING, *prefs.WANTS_ONE_SENTENCE]
-    negative += [*prefs.WANTS_TOOL, *prefs.WRONG_WEATHER]
+    negative += [*prefs.WANTS_TOOL, *prefs.WRONG_WEATHER, *prefs.NO_ANSWER_AFTER_RESULT]
+    negative += styles.WANTS_MORE
     for options in prefs.COMPLAINTS.values():
         negative += options
     return {
         "negative": [p.format(**fill) for p in negative],
         "positive": list(prefs.APPROVALS),
-        "neutral": list(prefs.LUKEWARM),
+        "neutral": [p.format(**fill) for p in (*prefs.LUKEWARM, *prefs.WANTS_TEMPERATURE)],
     }
+
+
+def test_every_phrase_list_of_the_simulated_users_is_checked_against_the_judge() -> None:
+    """A phrase list added to the users and not to `_every_phrase` would go unjudged."""
+    fill = {"t": "bees", "n": 12}
+    checked = {p for phrases in _every_phrase(fill).values() for p in phrases}
+    lists = [v for m in (prefs, styles) for k, v in vars(m).items() if k.isupper()]
+    lists += list(prefs.COMPLAINTS.values())
+    phrases = [p for v in lists if isinstance(v, tuple) for p in v if isinstance(p, str)]
+    said = [p for p in phrases if p not in prefs.QUESTION_FORMS + prefs.WEATHER_FORMS]
+    assert len(said) > 40
+    assert [p for p in said if p.format(**fill) not in checked] == []
 
 
 async def test_rules_judge_scores_every_user_phrase_as_meant() -> None:

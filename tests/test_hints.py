@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from liveloop.collector.advantages import PendingSample
 from liveloop.contracts import Feedback
 from liveloop.demo.preferences import TOO_LONG, WANTS_ONE_SENTENCE, WANTS_OPENING, WANTS_TOOL
+from liveloop.demo.styles import WANTS_MORE
 from liveloop.prm.judges import (
     JudgeBase,
     JudgeError,
@@ -34,7 +35,9 @@ def request_with(messages: list[dict[str, Any]] | None, feedback: Feedback | Non
     return JudgeRequest.for_turn(turn, NextState(messages=messages, feedback=feedback))
 
 
-@pytest.mark.parametrize("phrasing", [*TOO_LONG, *WANTS_OPENING, *WANTS_ONE_SENTENCE, *WANTS_TOOL])
+@pytest.mark.parametrize(
+    "phrasing", [*TOO_LONG, *WANTS_OPENING, *WANTS_ONE_SENTENCE, *WANTS_TOOL, *WANTS_MORE]
+)
 async def test_rules_hint_is_what_the_user_said_the_reply_should_have_been(phrasing: str) -> None:
     correction = phrasing.format(n=20, t="bees")
     # what a simulated user sends: the correction, then the next question

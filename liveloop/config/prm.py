@@ -21,6 +21,8 @@ DEFAULT_CORRECTIONS = [
     r"\bnot what the [\w ]{0,30}said\b",
     r"\b(?:doesn'?t|does not|didn'?t|did not) work\b",
     r"\bplease (?:fix|redo)\b",
+    r"\bexplain (?:\w+ ){0,3}?(?:more|further|properly)\b",
+    r"\bjust tell me\b",
     # the reply was no answer at all
     r"\bmakes? no sense\b",
     r"\b(?:doesn'?t|does not|don'?t|do not) make (?:any )?sense\b",
@@ -58,6 +60,8 @@ DEFAULT_DIRECTIVES = [
     r"\bmore than i (?:need|wanted|asked)\b",
     r"\b(?:start|begin) (?:by|with|your answer)\b",
     r"\b(?:one|a single) sentence\b",
+    r"\b(?:at least|in) (?:a few|\w+) sentences\b",
+    r"\bjust tell me\b",
     r"\b(?:use|check with) the [\w ]{0,30}tool\b",
     r"\bread the tool result\b",
     r"\bnot what the [\w ]{0,30}said\b",

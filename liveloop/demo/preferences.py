@@ -127,7 +127,7 @@ NO_ANSWER_AFTER_RESULT = (
 )
 WANTS_TEMPERATURE = (
     "And how warm is it there?", "OK, but what's the temperature?",
-    "You didn't answer my question: how many degrees is it?",
+    "But how many degrees is it?",
 )  # fmt: skip
 NEARLY_MARGIN = 4  # words over the limit that still get a lukewarm rather than a negative reply
 
