@@ -10,8 +10,7 @@ import torch
 from bench.gate import set_adapters
 from liveloop.config.trainer import LoraSettings
 from liveloop.trainer.policy import Policy, completion_logprobs, load_policy
-from liveloop.trainer.safeguards.gate import reference_weights
-from liveloop.trainer.safeguards.prefixes import ReferencePrompts
+from liveloop.trainer.safeguards.prefixes import ReferencePrompts, reference_weights
 from liveloop.trainer.safeguards.probing import Sampled, reply_logprobs
 from liveloop.trainer.safeguards.sampling import sample_replies
 

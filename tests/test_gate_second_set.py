@@ -150,3 +150,37 @@ def test_two_sets_pooled_read_as_one_set() -> None:
     # reference NLL per token: (60 tokens x 1 + 20 tokens x 3) / 80 tokens
     assert both.ref_nll == pytest.approx(120 / 80)
     assert first.result().ref_nll == pytest.approx(1.0) and first.result().probes == 10
+
+
+async def test_a_candidate_beyond_a_bound_draws_the_second_set_when_told_to() -> None:
+    """With `second_set_for_candidates`, the serving version within the bounds leaves the
+    first set alone until a candidate is beyond a drift bound on it: then version 0 answers
+    a second set once, and that candidate and later doubtful ones are decided on both."""
+    gate = ScriptedGate({
+        (0, False): (8, 0.5), (0, True): (8, 0.5),  # version 0: 80% on topic on each set
+        (1, False): (8, 0.5),  # the serving version, within the bounds: no second set
+        (2, False): (5, 0.5), (2, True): (9, 0.5),  # 50% then 90%: 70% on both, within
+        (3, False): (5, 0.5), (3, True): (4, 0.5),  # 45% on both: beyond
+    })  # fmt: skip
+    gate.cfg = gate.cfg.model_copy(update={"second_set_for_candidates": True})
+    await gate.start(NO_POLICY, serving_version=1)
+    assert gate.more == [] and gate.version0_both is None
+    gate.measured.clear()
+
+    doubtful = await gate.assess(NO_POLICY, 2)
+    assert gate.measured == [(2, False), (0, True), (2, True)]
+    assert doubtful.accepted and doubtful.probe.probes == 2 * SET_SIZE
+    assert gate.version0_both is not None and gate.version0_both.probes == 2 * SET_SIZE
+    gate.measured.clear()
+
+    beyond = await gate.assess(NO_POLICY, 3)
+    assert gate.measured == [(3, False), (3, True)]  # version 0's second replies stand
+    assert not beyond.accepted and "topic rate 45%" in str(beyond.reason)
+
+
+async def test_by_default_the_first_set_decides_while_the_serving_version_is_within() -> None:
+    gate = ScriptedGate({(0, False): (8, 0.5), (1, False): (8, 0.5), (2, False): (5, 0.5)})
+    await gate.start(NO_POLICY, serving_version=1)
+    verdict = await gate.assess(NO_POLICY, 2)
+    assert not verdict.accepted and verdict.probe.probes == SET_SIZE and gate.more == []
+    assert gate.measured == [(0, False), (1, False), (2, False)]

@@ -57,6 +57,15 @@ class GateSettings(Section):
         "second set too, and the drift bounds decide on both sets together: more evidence, "
         "the same bounds, and one set's cost for a candidate within them.",
     )
+    second_set_for_candidates: bool = Field(
+        False,
+        description="With second_draw: also draw the second set when the serving version is "
+        "within the bounds, at the first candidate after a draw that the first set finds "
+        "beyond a drift bound (its reward within the margins); version 0 answers it then, and "
+        "from there on every such candidate is decided on both sets together. A share bound "
+        "on one set of served_probes can refuse on a few replies; this looks twice before a "
+        "refusal, at one more set's cost for a doubtful candidate only.",
+    )
     probe_users: int = Field(
         16, ge=1, description="Held-out simulated users, one question each ('demo' source)."
     )

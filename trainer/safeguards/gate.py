@@ -20,19 +20,19 @@ own seed, so a measured reply stands in any set). When the serving version is it
 a drift bound on the new set, the source is asked for a second set (`second_draw`): until
 the next draw, a candidate that the first set finds beyond a drift bound answers the second
 set too, and the drift bounds decide on both sets together (reward is compared on the first
-set, where the serving version's is known). A candidate within the bounds costs one set, as
-before the second draw. With no probes at all (no traffic served yet) the gate has no
-evidence and accepts, saying so; a set drawn short (fewer served requests than it wants) is
-drawn again (topped up) before the next update, not `refresh_versions` later.
+set, where the serving version's is known); with `second_set_for_candidates` the second set
+is also drawn, and version 0 probed on it, at the first candidate the first set finds
+beyond a drift bound. A candidate within the bounds costs one set. With no probes at all (no
+traffic served yet) the gate has no evidence and accepts, saying so; a set drawn short
+(fewer served requests than it wants) is drawn again (topped up) before the next update,
+not `refresh_versions` later.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -49,7 +49,7 @@ from liveloop.sense import SenseCheck
 from liveloop.tenants import of_tenant
 from liveloop.trainer.policy import Policy
 from liveloop.trainer.safeguards.bounds import drift_reasons, reward_reasons
-from liveloop.trainer.safeguards.prefixes import ReferencePrompts
+from liveloop.trainer.safeguards.prefixes import ReferencePrompts, reference_weights
 from liveloop.trainer.safeguards.probing import (
     Measured,
     ProbeResult,
@@ -90,18 +90,6 @@ def build_panel(judging: JudgeConfig, shared: SharedSettings) -> JudgePanel:
     """The configured judges, as the judging loop would build them (validated at start-up)."""
     judges = load_judges(judging.judges, judging, shared)
     return JudgePanel(judges, PrmMetrics(CollectorRegistry()), judging.judge_timeout_s)
-
-
-@contextlib.contextmanager
-def reference_weights(policy: Policy) -> Iterator[Any]:
-    """The reference model to generate with: the frozen copy, or the base under LoRA."""
-    if policy.lora:
-        with policy.model.disable_adapter():
-            yield policy.model
-    else:
-        if policy.reference is None:
-            raise RuntimeError("the promotion gate needs the reference model")
-        yield policy.reference
 
 
 class PromotionGate:
@@ -233,22 +221,25 @@ class PromotionGate:
 
     async def assess(self, policy: Policy, version: int, weights: Any = None) -> GateVerdict:
         """Probe `version` (as `probe`) and decide whether it may be served (`decide`). Where
-        a second set was drawn and the first finds the candidate beyond a drift bound (its
-        reward within the margins), it answers the second set too and the drift bounds apply
-        to both sets together."""
+        the first set finds the candidate beyond a drift bound (its reward within the margins)
+        and a second set was drawn (or is drawn now, `second_set_for_candidates`), it answers
+        the second set too and the drift bounds apply to both sets together."""
         self.assessed += 1
         first = await self._measure(policy, version, weights)
         verdict = self.decide(first.result())
         assert self.version0 is not None and self.serving is not None
         beyond = self._drift_reasons(verdict.probe, self.version0)
         worse = self._reward_reasons(verdict.probe, self.version0, self.serving)
-        if verdict.accepted or worse or self.version0_both is None:
+        if verdict.accepted or worse:
+            return verdict
+        version0_both = await self._second_set(policy, version)
+        if version0_both is None:
             return verdict
         log.info("gate: v%d%s is beyond a bound on %d probes (%s); looking at %d more",
                  version, self._whose, len(self.probes), "; ".join(beyond), len(self.more))  # fmt: skip
         second = await self._measure(policy, version, weights, second=True)
         both = pooled(first, second).result()
-        reasons = self._drift_reasons(both, self.version0_both)
+        reasons = self._drift_reasons(both, version0_both)
         passed = (
             f"within the bounds on all {both.probes} probes "
             f"(the first {len(self.probes)} found: {'; '.join(beyond)})"
@@ -259,6 +250,24 @@ class PromotionGate:
             probe=both,
             first=verdict.probe,
         )
+
+    async def _second_set(self, policy: Policy, version: int) -> ProbeResult | None:
+        """Version 0 on both sets, for a candidate beyond a drift bound on the first: the
+        second set drawn with the first (the serving version was beyond), or drawn now
+        (`second_set_for_candidates`); None without a second set."""
+        if self.version0_both is not None:
+            return self.version0_both
+        if not (self.cfg.second_draw and self.cfg.second_set_for_candidates):
+            return None
+        self.more = await self.source.draw_more(self.probes)
+        self._prompts.pop(True, None)
+        if not self.more:
+            return None
+        log.info("gate%s: drew %d more probes for a second look at v%d and later candidates "
+                 "the first set finds beyond a drift bound", self._whose, len(self.more), version)  # fmt: skip
+        version0 = await self._measure(policy, 0, second=True, kept=True)
+        self.version0_both = pooled(self._on_first[0], version0).result()
+        return self.version0_both
 
     async def start(self, policy: Policy, serving_version: int) -> None:
         """Draw the probe set; probe version 0 (the drift baseline) and the serving version."""

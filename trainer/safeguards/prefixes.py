@@ -18,13 +18,28 @@ entries) goes with the tenant.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+    from liveloop.trainer.policy import Policy
+
+
+@contextlib.contextmanager
+def reference_weights(policy: Policy) -> Iterator[Any]:
+    """The reference model to generate with: the frozen copy, or the base under LoRA."""
+    if policy.lora:
+        with policy.model.disable_adapter():
+            yield policy.model
+    else:
+        if policy.reference is None:
+            raise RuntimeError("the promotion gate needs the reference model")
+        yield policy.reference
 
 
 @dataclass
