@@ -260,7 +260,6 @@ class PromotionGate:
         if not (self.cfg.second_draw and self.cfg.second_set_for_candidates):
             return None
         self.more = await self.source.draw_more(self.probes)
-        self._prompts.pop(True, None)
         if not self.more:
             return None
         log.info("gate%s: drew %d more probes for a second look at v%d and later candidates "
