@@ -8,8 +8,11 @@ the target's margin is a question about many runs, not one. Two commands:
   the demo's command, wall minutes, a note), as a file for `bench/results/`;
 - `summary [FILES]`: per run and over all of them, each conflicting tenant's gain difference
   (tenant scope minus shared scope), how many runs had both tenants ahead by the margin and
-  how many met the target (ahead, with every quality check kept and isolation passed).
-  Prints JSON.
+  how many met the target (ahead, with every quality check kept and isolation passed),
+  and per conflicting tenant and scope how each reaction's share of the users' replies moved
+  from the first window to the last (`reaction_shifts`): which complaints each scope cured,
+  those every tenant's users make (an answer off the topic) or those of one tenant only (a
+  reply too long, an opening without the topic). Prints JSON.
 
     python -m bench.tenant_demos wrap run/.liveloop/demo --command "liveloop demo --tenants 3" \
         --note "..." --out bench/results/demo-DATE-tenants-....json
@@ -103,6 +106,10 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             key: spread([f.get(key) for f in figures])
             for key in ("gain_difference", "tenant_gain", "shared_gain", "held_out_gain_difference")
         }
+        over[style]["reaction_shifts"] = {
+            scope: reaction_shifts([result for _, result in sorted(compared.items())], style, scope)
+            for scope in ("tenant", "shared")
+        }
     return {
         "runs": rows,
         "over_runs": over,
@@ -114,6 +121,23 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         # Runs of one scope alone (`demo.scopes`), kept as experiments: nothing to compare.
         "one_scope_runs": sorted(set(results) - set(compared)),
     }
+
+
+def reaction_shifts(results: list[dict[str, Any]], style: str, scope: str) -> dict[str, Any]:
+    """Per reaction (pleased, too long, off topic, ...), the spread over runs of the change
+    in its share of the `style` tenant's users' reactions from the first window to the last
+    in `scope`; a reaction missing from a window had a share of 0 there. Runs whose report has
+    no reactions for that cell are left out."""
+    shifts: list[dict[str, float]] = []
+    for result in results:
+        matrix = result.get("report", result)["matrix"]
+        row = next((r for r in matrix if r["style"] == style), None)
+        reactions = row[scope].get("reactions") if row else None
+        if reactions:
+            first, last = reactions["first"], reactions["last"]
+            shifts.append({k: last.get(k, 0.0) - first.get(k, 0.0) for k in {*first, *last}})
+    kinds = sorted({kind for shift in shifts for kind in shift})
+    return {kind: spread([shift.get(kind, 0.0) for shift in shifts]) for kind in kinds}
 
 
 def _both_scopes(result: dict[str, Any]) -> bool:

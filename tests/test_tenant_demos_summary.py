@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.tenant_demos import main, summary, wrap
+from bench.tenant_demos import main, reaction_shifts, summary, wrap
 
 
 def _scope(gain: float, kept: bool) -> dict[str, Any]:
@@ -81,6 +81,40 @@ def test_summary_counts_runs_ahead_and_runs_that_met_the_target() -> None:
     assert brief["n"] == 3 and brief["mean"] == pytest.approx((0.4 + 0.4 + 0.1) / 3)
     assert brief["mean_se"] == pytest.approx(statistics.stdev([0.4, 0.4, 0.1]) / math.sqrt(3))
     assert brief["min"] == pytest.approx(0.1)
+
+
+def _with_reactions(report: dict[str, Any], scope: str, first: dict[str, float],
+                    last: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+    """`report` with the explained tenant's users' reactions by window in `scope`."""
+    row = next(r for r in report["matrix"] if r["style"] == "explained")
+    row[scope]["reactions"] = {"window": 64, "first": first, "last": last}
+    return report
+
+
+def test_reaction_shifts_say_which_complaints_each_scope_cured() -> None:
+    one = _with_reactions(
+        _report((0.5, 0.1), (0.6, 0.2), True),
+        "shared",
+        {"off_topic": 0.5, "pleased": 0.5},
+        {"off_topic": 0.1, "pleased": 0.9},
+    )
+    two = _with_reactions(
+        _report((0.5, 0.1), (0.6, 0.2), True),
+        "shared",
+        {"off_topic": 0.3, "opening": 0.2, "pleased": 0.5},
+        {"pleased": 1.0},
+    )
+    two = _with_reactions(two, "tenant", {"opening": 0.5, "pleased": 0.5}, {"pleased": 1.0})
+    shared = reaction_shifts([one, two], "explained", "shared")
+    assert set(shared) == {"off_topic", "opening", "pleased"}
+    assert shared["off_topic"]["mean"] == pytest.approx((-0.4 - 0.3) / 2)
+    assert shared["opening"]["mean"] == pytest.approx(-0.1)  # absent from run one: no shift
+    assert shared["pleased"]["n"] == 2 and shared["pleased"]["mean"] == pytest.approx(0.45)
+    tenant = reaction_shifts([one, two], "explained", "tenant")  # run one has none there
+    assert tenant["opening"]["n"] == 1 and tenant["opening"]["mean"] == pytest.approx(-0.5)
+    assert reaction_shifts([one], "brief", "shared") == {}
+    out = summary({"one.json": {"report": one}, "two.json": {"report": two}})
+    assert out["over_runs"]["explained"]["reaction_shifts"]["shared"] == shared
 
 
 def test_wrap_keeps_the_report_and_summary_reads_it_back(
