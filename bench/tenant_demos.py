@@ -98,7 +98,8 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     both conflicting tenants ahead by more than the margin, and those that met the target
     (ahead, every quality check kept in both scopes, isolation passed)."""
     compared = {name: r for name, r in results.items() if _both_scopes(r)}
-    rows = [run_row(name, result) for name, result in sorted(compared.items())]
+    ordered = sorted(compared.items())
+    rows = [run_row(name, result) for name, result in ordered]
     over: dict[str, Any] = {}
     for style in CONFLICTING:
         figures = [r["tenants"].get(style) or {} for r in rows]
@@ -107,7 +108,7 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             for key in ("gain_difference", "tenant_gain", "shared_gain", "held_out_gain_difference")
         }
         over[style]["reaction_shifts"] = {
-            scope: reaction_shifts([result for _, result in sorted(compared.items())], style, scope)
+            scope: reaction_shifts([result for _, result in ordered], style, scope)
             for scope in ("tenant", "shared")
         }
     return {
