@@ -108,10 +108,17 @@ def evaluate_people(
     turns_per_user: int = EVAL_TURNS_PER_USER,
 ) -> dict[str, Any]:
     """These held-out users (seeded apart from the demo's), with this API key, against what
-    the server serves that key now; nothing they say is recorded."""
+    the server serves that key now; nothing they say is recorded. Their requests' sampling
+    is seeded too: an unchanged policy gets the same replies again, and two versions are
+    compared on the same draws."""
     max_tokens = model_defaults(model).reply_tokens
     run = UserRun(
-        base_url=base_url, model=model, max_tokens=max_tokens, record=False, api_key=api_key
+        base_url=base_url,
+        model=model,
+        max_tokens=max_tokens,
+        record=False,
+        api_key=api_key,
+        sample_seed=seed + 10_000,
     )
     stats = asyncio.run(
         run_population(

@@ -107,6 +107,10 @@ class UserRun:
     record: bool = True
     temperature: float = 1.0
     pace: Callable[[], Awaitable[None]] | None = None  # awaited before every request
+    # Seeds every request's sampling from this, the user and the request's number, so that
+    # the same users replayed against the same policy get the same replies and two policies
+    # are compared on the same random draws (held-out users); None: unseeded.
+    sample_seed: int | None = None
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -131,6 +135,7 @@ class SimulatedUser:
         self.preference = preference
         self.run = run
         self.rng = random.Random(seed * 7919 + index)
+        self.requests = 0  # asked so far: with `run.sample_seed`, each request's own seed
         self.client = AsyncOpenAI(base_url=run.base_url + "/v1", api_key=run.api_key, max_retries=2)
 
     async def _ask(
@@ -140,6 +145,10 @@ class SimulatedUser:
         if not self.run.record:
             headers["X-LiveLoop-Train"] = "false"
         extra: dict[str, Any] = {"tools": [WEATHER_TOOL]} if with_tools else {}
+        if self.run.sample_seed is not None:
+            key = f"{self.run.sample_seed}:{self.index}:{self.requests}"
+            extra["seed"] = random.Random(key).getrandbits(32)
+        self.requests += 1
         raw = await self.client.chat.completions.with_raw_response.create(
             model=self.run.model,
             messages=messages,  # type: ignore[arg-type]
