@@ -77,3 +77,14 @@ def test_the_same_weights_sampled_twice_rarely_fail_a_check() -> None:
     slack_only = [_checks(uncounted(base), uncounted(final)) for base, final in pairs]
     assert sum(not (c["topic_rate"] and c["non_answers"]) for c in noise_aware) < 100
     assert sum(not (c["topic_rate"] and c["non_answers"]) for c in slack_only) > 333
+
+
+def test_symbols_are_lost_only_beyond_two_percent_and_version_0s_share() -> None:
+    base, final = _replies(24, 20, 1), _replies(24, 20, 1)
+    assert _checks(base, final)["symbols"] is True  # none either side
+    final["symbol_share"] = 1 / 24
+    assert _checks(base, final)["symbols"] is False  # one reply in 24 where the base had none
+    base["symbol_share"] = 1 / 24
+    assert _checks(base, final)["symbols"] is True  # the base's own share: nothing lost
+    final["symbol_share"] = 2 / 24
+    assert _checks(base, final)["symbols"] is False

@@ -263,7 +263,7 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         out["ref_nll_ratio"] = final_probe["ref_nll"] / v0_probe["ref_nll"]
         checks["ref_nll"] = out["ref_nll_ratio"] <= MAX_NLL_RATIO
     if final.get("symbol_share") is not None:
-        checks["symbols"] = final["symbol_share"] < MAX_SYMBOL_SHARE
+        checks["symbols"] = _symbols_kept(base.get("symbol_share"), final["symbol_share"])
     if base.get("non_answer_share") is not None and final.get("non_answer_share") is not None:
         checks["non_answers"] = not _share_lost(
             base, final, "non_answer_share", NON_ANSWER_SLACK, rising=True
@@ -272,6 +272,12 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
         checks["sense"] = not _share_lost(base, final, "sense_rate", SENSE_SLACK, rising=False)
     out["quality_kept"] = checks
     return out
+
+
+def _symbols_kept(before: float | None, after: float) -> bool:
+    """Under `MAX_SYMBOL_SHARE` of the final replies dominated by symbols, or no more of
+    them than version 0's: a version is not said to have lost what the base never had."""
+    return after < MAX_SYMBOL_SHARE or (before is not None and after <= before)
 
 
 def _share_lost(
