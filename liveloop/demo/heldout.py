@@ -109,8 +109,8 @@ def evaluate_people(
 ) -> dict[str, Any]:
     """These held-out users (seeded apart from the demo's), with this API key, against what
     the server serves that key now; nothing they say is recorded. Their requests' sampling
-    is seeded too: an unchanged policy gets the same replies again, and two versions are
-    compared on the same draws."""
+    is seeded too: two versions are compared on the same draws, and an unchanged policy
+    mostly gets the same replies again (batched arithmetic can tip a near-tie token)."""
     max_tokens = model_defaults(model).reply_tokens
     run = UserRun(
         base_url=base_url,

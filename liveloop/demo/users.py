@@ -108,8 +108,9 @@ class UserRun:
     temperature: float = 1.0
     pace: Callable[[], Awaitable[None]] | None = None  # awaited before every request
     # Seeds every request's sampling from this, the user and the request's number, so that
-    # the same users replayed against the same policy get the same replies and two policies
-    # are compared on the same random draws (held-out users); None: unseeded.
+    # two policies are compared on the same random draws (held-out users), and the same
+    # policy gives the same replies again, bar a near-tie token now and then that a batch of
+    # another size computes a last bit apart; None: unseeded.
     sample_seed: int | None = None
 
 
