@@ -1,8 +1,8 @@
 """The demo report's quality checks tell a loss from sampling noise.
 
-The held-out replies are a few dozen, sampled at temperature 1: the same weights measured
-twice often differ by more than a check's slack, so a check must also see the difference
-beyond sampling noise before it calls quality lost.
+The held-out replies are a few dozen, sampled at temperature 1: two versions of about the
+same quality often differ by more than a check's slack, so a check must also see the
+difference beyond sampling noise before it calls quality lost.
 """
 
 from __future__ import annotations
