@@ -68,8 +68,9 @@ def run_tenant_demo(
         demo.tenants, demo.users, strict=defaults.has_language, brief_words=demo.brief_words
     )
     out_dir = settings.data_dir / "demo"
+    bases: dict[str, dict[str, Any]] = {}  # each tenant's held-out figures of the base model
     runs = [
-        run_scope(settings, scope, tenants, out_dir / f"run-{scope}", config_files, quiet)
+        run_scope(settings, scope, tenants, out_dir / f"run-{scope}", config_files, quiet, bases)
         for scope in dict.fromkeys(demo.scopes)
     ]
     paths = write_tenant_report(out_dir, settings, tenants, runs)
@@ -89,8 +90,14 @@ def run_scope(
     run_dir: Path,
     config_files: list[Path] | None,
     quiet: bool,
+    bases: dict[str, dict[str, Any]],
 ) -> ScopeRun:
-    """The loops in `scope`, every tenant's users side by side, then the per-tenant figures."""
+    """The loops in `scope`, every tenant's users side by side, then the per-tenant figures.
+
+    The base model's held-out figures are the same in every scope (the same model, users and
+    seeds), so a scope after the first reuses those in `bases` and measures only its finals:
+    both scopes' checks then compare with one measure of the base.
+    """
     from liveloop.models import resolve_model_dir
     from liveloop.status import LiveView
 
@@ -125,7 +132,9 @@ def run_scope(
         load_version(supervisor.base_url, admin_key, base_dir, 0)  # every adapter unloaded
         for tenant, stats in zip(tenants, seen, strict=True):
             mine = [t for t in turns if t.tenant == _tenant_id(tenant)]
-            base = _held_out(supervisor.base_url, settings, tenant)
+            if tenant.label not in bases:
+                bases[tenant.label] = _held_out(supervisor.base_url, settings, tenant)
+            base = bases[tenant.label]
             figures = tenant_figures(mine, settings, base, finals[tenant.label])
             figures["reactions"] = user_reactions(stats.turns, demo.window_turns, stats.tool_asks)
             run.tenants[tenant.label] = figures

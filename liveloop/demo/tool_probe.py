@@ -20,6 +20,7 @@ from openai import APIError, AsyncOpenAI
 from liveloop.config.defaults import model_defaults
 from liveloop.demo.preferences import WeatherAsker
 from liveloop.demo.users import WEATHER_TOOL
+from liveloop.seeds import derived_seed
 from liveloop.written_calls import written_call
 
 PROBE_SEED_OFFSET = 20_000  # apart from the live (seed) and held-out (seed + 10,000) users
@@ -28,7 +29,7 @@ CONCURRENT = 8
 
 def probe_sampling_seed(seed: int, index: int) -> int:
     """The sampling seed of the `index`th probe question of a run with this seed."""
-    return (seed + PROBE_SEED_OFFSET) * 1_000 + index
+    return derived_seed("weather probe", seed, index)
 
 
 def probe_questions(count: int, seed: int) -> list[str]:

@@ -24,6 +24,7 @@ from openai import APIError, AsyncOpenAI
 
 from liveloop.demo.preferences import KNOWN_CITIES, Question, WordLimit
 from liveloop.reading import letter_words
+from liveloop.seeds import derived_seed
 from liveloop.written_calls import written_call
 
 WEATHER_TOOL: dict[str, Any] = {
@@ -147,8 +148,7 @@ class SimulatedUser:
             headers["X-LiveLoop-Train"] = "false"
         extra: dict[str, Any] = {"tools": [WEATHER_TOOL]} if with_tools else {}
         if self.run.sample_seed is not None:
-            key = f"{self.run.sample_seed}:{self.index}:{self.requests}"
-            extra["seed"] = random.Random(key).getrandbits(32)
+            extra["seed"] = derived_seed(self.run.sample_seed, self.index, self.requests)
         self.requests += 1
         raw = await self.client.chat.completions.with_raw_response.create(
             model=self.run.model,

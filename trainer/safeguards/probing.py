@@ -17,7 +17,6 @@ reference.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from liveloop.prm.judges.base import JudgeRequest, NextState
 from liveloop.prm.panel import JudgePanel
 from liveloop.probe_sources import Probe
 from liveloop.reading import ReplyReading, distinct_n, read_reply
+from liveloop.seeds import derived_seed
 from liveloop.sense import SenseReport
 from liveloop.trainer.data import MicroBatch, build_micro_batch
 from liveloop.written_calls import written_call
@@ -193,8 +193,7 @@ def probe_seeds(seed: int, prompts: list[list[int]]) -> list[int]:
     seeds = []
     for prompt in prompts:
         nth = seen[tuple(prompt)] = seen.get(tuple(prompt), -1) + 1
-        digest = hashlib.blake2b(repr((seed, nth, prompt)).encode(), digest_size=7).digest()
-        seeds.append(int.from_bytes(digest, "big"))
+        seeds.append(derived_seed(seed, nth, prompt))
     return seeds
 
 
