@@ -129,13 +129,13 @@ def run_scope(
         run.isolation = isolation_checks(supervisor.redis_url, run_dir, turns, tenants, scope)
         run.served_versions = len({(t.adapter, t.version) for t in turns})
         finals = {t.label: _served_now(supervisor.base_url, settings, t) for t in tenants}
-        load_version(supervisor.base_url, admin_key, base_dir, 0)  # every adapter unloaded
+        unmeasured = [t for t in tenants if t.label not in bases]
+        if unmeasured:  # the base served (every adapter unloaded) only to be measured
+            load_version(supervisor.base_url, admin_key, base_dir, 0)
+            bases.update({t.label: _held_out(supervisor.base_url, settings, t) for t in unmeasured})
         for tenant, stats in zip(tenants, seen, strict=True):
             mine = [t for t in turns if t.tenant == _tenant_id(tenant)]
-            if tenant.label not in bases:
-                bases[tenant.label] = _held_out(supervisor.base_url, settings, tenant)
-            base = bases[tenant.label]
-            figures = tenant_figures(mine, settings, base, finals[tenant.label])
+            figures = tenant_figures(mine, settings, bases[tenant.label], finals[tenant.label])
             figures["reactions"] = user_reactions(stats.turns, demo.window_turns, stats.tool_asks)
             run.tenants[tenant.label] = figures
     finally:
