@@ -182,3 +182,28 @@ async def test_lora_versions_published_as_adapters_are_validated_announced_and_r
     before = {k: v for k, v in trainer.updater.policy.model.state_dict().items() if "lora_" in k}
     after = {k: v for k, v in again.updater.policy.model.state_dict().items() if "lora_" in k}
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+async def test_a_batch_with_too_few_samples_left_makes_no_update(
+    aredis_client: aredis.Redis, redis_url: str, data_dir: Path
+) -> None:
+    """`min_update_samples` counts what is left after flat samples are dropped: a batch of
+    five whose three are flat keeps two, fewer than three, so it is acknowledged without an
+    update (counted `too_few`); the next batch, four informative samples, is trained."""
+    writer = BatchWriter(aredis_client, data_dir)
+    mostly_flat = make_samples(5, seed=20)
+    for sample in mostly_flat[:3]:
+        sample.advantage = 0.0
+    await writer.write(mostly_flat, 0)
+    await writer.write(make_samples(4, seed=21), 0)
+    trainer = trainer_of(
+        settings(redis_url, data_dir, max_updates=1, min_update_samples=3,
+                 skip_flat_samples=True, gate={"enabled": False}, watch={"enabled": False})
+    )  # fmt: skip
+    await trainer.run()
+    assert trainer.version == 1 and trainer.updates_done == 1
+    assert trainer.last_stats is not None and trainer.last_stats.samples == 4
+    assert trainer.metrics.dropped.labels("flat")._value.get() == 3
+    assert trainer.metrics.dropped.labels("too_few")._value.get() == 2
+    assert [a.metrics["samples"] for a in await announcements(aredis_client)] == [4]
+    assert (await aredis_client.xpending("liveloop:batches", "trainer"))["pending"] == 0

@@ -328,10 +328,18 @@ class Trainer:
             self.metrics,
             lag=self._lag(),
         )
-        if not samples:
-            await source.done(item)
+        if len(samples) < self.cfg.min_update_samples:
+            await self._too_few(item, source, len(samples))
             return None, StepMessage("idle")
         return item, StepMessage("batch", samples, lr_scale=self.lr_scale)
+
+    async def _too_few(self, item: ReceivedBatch, source: BatchSource, kept: int) -> None:
+        """Acknowledge a batch that kept fewer samples than `min_update_samples`: no update."""
+        if kept:
+            log.info("batch %s%s kept %d samples, fewer than min_update_samples (%d): no update",
+                     item.batch.batch_id, self.guards.whose, kept, self.cfg.min_update_samples)  # fmt: skip
+            self.metrics.dropped.labels("too_few").inc(kept)
+        await source.done(item)
 
     async def _take(self, item: ReceivedBatch, source: BatchSource) -> bool:
         """Whether `item` is trained here (tenant scope: the batch's tenant's adapter is

@@ -41,7 +41,10 @@ class TrainerMetrics:
         self.samples = Counter("liveloop_trainer_samples", "Samples trained.", registry=r)
         self.dropped = Counter(
             "liveloop_trainer_dropped_samples",
-            "Samples not trained on, by reason (stale, invalid, duplicate_batch).",
+            (
+                "Samples not trained on, by reason (stale, invalid, duplicate_batch, too_few, "
+                "and the objective's own, such as flat)."
+            ),
             ["reason"],
             registry=r,
         )

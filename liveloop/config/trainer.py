@@ -129,6 +129,18 @@ class TrainerConfig(Section):
             "round that teach nothing (counted under the `flat` drop reason)."
         ),
     )
+    min_update_samples: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Fewest samples a batch must keep, after the stale, invalid and flat ones are "
+            "dropped, to make an update; a batch with fewer is acknowledged and makes no "
+            "version (its samples counted under the `too_few` drop reason). Adam moves each "
+            "weight by about the learning rate per step whatever the batch size, so an update "
+            "from one or two replies moves a policy as far as one from twenty, in a direction "
+            "those few chose, and costs the same gate round. The turns stay in the trace log."
+        ),
+    )
     fuse_proximal: bool = Field(
         True,
         description=(

@@ -20,8 +20,8 @@ class Pacer:
     + 1) or more, so every objective gets one update per `per_update` judged turns, however
     fast or slow its updates are (a wait ends after `max_wait_s` in any case). Users also go
     on while the trainer has no batch to read or in hand: a batch it dropped whole (every
-    sample stale, or flat under `trainer.skip_flat_samples`) makes no version, and waiting
-    for one then would wait for nothing.
+    sample stale or flat, or fewer than `trainer.min_update_samples` left) makes no
+    version, and waiting for one then would wait for nothing.
     """
 
     def __init__(self, client: Any, per_update: int, max_wait_s: float = 600.0) -> None:
