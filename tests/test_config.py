@@ -92,3 +92,11 @@ def test_a_call_must_wait_longer_than_the_judge_waits_for_its_answer(tmp_path: P
         load_settings(write(tmp_path, short))
     off = short + "call_credit = 0\n"
     assert load_settings(write(tmp_path, off)).collector.call_credit == 0
+
+
+def test_an_update_may_not_need_more_samples_than_a_batch_ships_with(tmp_path: Path) -> None:
+    high = "[trainer]\nmin_update_samples = 20\n[collector]\nmin_turns = 16\n"
+    with pytest.raises(ConfigError, match=r"min_update_samples \(20\) must be at most"):
+        load_settings(write(tmp_path, high))
+    even = "[trainer]\nmin_update_samples = 20\n[collector]\nmin_turns = 20\n"
+    assert load_settings(write(tmp_path, even)).trainer.min_update_samples == 20

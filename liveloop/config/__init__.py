@@ -116,6 +116,18 @@ class LiveLoopSettings(SharedSettings, BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _a_full_batch_can_make_an_update(self) -> Self:
+        """A batch ships on `collector.min_turns`: needing more samples for an update than
+        that would leave most batches untrained."""
+        need, ships = self.trainer.min_update_samples, self.collector.min_turns
+        if need > ships:
+            raise ValueError(
+                f"trainer.min_update_samples ({need}) must be at most collector.min_turns "
+                f"({ships}): a batch ships with that many turns and would make no update"
+            )
+        return self
+
     def shared(self) -> SharedSettings:
         """The shared part, for a loop (no section, no secret)."""
         return SharedSettings.model_validate(
