@@ -398,8 +398,8 @@ class Trainer:
         await source.done(item)
         self.updates_done += 1
         self.last_stats = stats
+        self.metrics.publish_seconds.set(time.perf_counter() - started)  # announced by now
         await asyncio.to_thread(release_freed_memory)  # the merged copy, activations, logits
-        self.metrics.publish_seconds.set(time.perf_counter() - started)
         self.metrics.observe_update(stats, self.version)
         log.info("v%d%s %s: %s", state.version, self.guards.whose, state.status, stats.describe())
 
