@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
-DROP_REASONS = ("stale", "invalid", "duplicate_batch")
+DROP_REASONS = ("stale", "invalid", "duplicate_batch", "too_few")
 
 
 class TrainerMetrics:
