@@ -12,7 +12,10 @@ the target's margin is a question about many runs, not one. Two commands:
   and per conflicting tenant and scope how each reaction's share of the users' replies moved
   from the first window to the last (`reaction_shifts`): which complaints each scope cured,
   those every tenant's users make (an answer off the topic) or those of one tenant only (a
-  reply too long, an opening without the topic). Prints JSON.
+  reply too long, an opening without the topic). Prints JSON. `--min-tenant-turns N` keeps
+  the runs whose tenant scope judged N turns or more: the demo paces its users by the
+  trainer, so a slow machine makes fewer turns and fewer versions, and the runs are read
+  by pace as well as all together.
 
     python -m bench.tenant_demos wrap run/.liveloop/demo --command "liveloop demo --tenants 3" \
         --note "..." --out bench/results/demo-DATE-tenants-....json
@@ -78,6 +81,10 @@ def run_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
         "commit": result.get("commit"),
         "seed": _seed(result.get("command", "")),
         "minutes": report.get("minutes"),
+        "judged_turns": {
+            scope: figures.get("judged_turns")
+            for scope, figures in report.get("scopes", {}).items()
+        },
         "tenants": tenants,
         # Both conflicting tenants ahead by the margin, whatever the checks say.
         "ahead": bool(differences)
@@ -147,6 +154,12 @@ def _both_scopes(result: dict[str, Any]) -> bool:
     return all("tenant" in row and "shared" in row for row in rows)
 
 
+def _tenant_turns(result: dict[str, Any]) -> int:
+    """The turns judged in the run's tenant scope (0 for a run without one)."""
+    scope = result.get("report", result).get("scopes", {}).get("tenant") or {}
+    return int(scope.get("judged_turns") or 0)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="The tenants demo's runs, kept and compared.")
     commands = parser.add_subparsers(dest="what", required=True)
@@ -161,6 +174,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("files", nargs="*", type=Path, help=f"default: results/{PATTERN}")
     s.add_argument("--match", default="", help="only files whose name contains this")
     s.add_argument("--minutes", type=float, default=20.0, help="only runs of these minutes")
+    s.add_argument(
+        "--min-tenant-turns",
+        type=int,
+        default=0,
+        help="only runs whose tenant scope judged this many turns or more",
+    )
     return parser
 
 
@@ -181,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         name: result
         for name, result in results.items()
         if result.get("report", result).get("minutes") == args.minutes
+        and _tenant_turns(result) >= args.min_tenant_turns
     }
     print(json.dumps(summary(chosen), indent=1))
     return 0

@@ -18,8 +18,8 @@ def _scope(gain: float, kept: bool) -> dict[str, Any]:
     return {"gain": gain, "quality_kept": {"topic_rate": True, "non_answers": kept}}
 
 
-def _report(brief: tuple[float, float], explained: tuple[float, float], shared_kept: bool
-            ) -> dict[str, Any]:  # fmt: skip
+def _report(brief: tuple[float, float], explained: tuple[float, float], shared_kept: bool,
+            tenant_turns: int = 400) -> dict[str, Any]:  # fmt: skip
     """A demo report of the shape `liveloop demo --tenants 3` writes (the fields read)."""
     rows = []
     for style, (tenant, shared) in (("brief", brief), ("explained", explained)):
@@ -43,6 +43,7 @@ def _report(brief: tuple[float, float], explained: tuple[float, float], shared_k
     ahead = all(r["gain_difference"] > 0.2 for r in rows[:2])
     return {
         "minutes": 20.0,
+        "scopes": {"tenant": {"judged_turns": tenant_turns}, "shared": {"judged_turns": 350}},
         "matrix": rows,
         "headline": {
             "margin": 0.2,
@@ -135,3 +136,22 @@ def test_wrap_keeps_the_report_and_summary_reads_it_back(
     assert (printed["met"], printed["of"]) == (1, 1) and printed["runs"][0]["seed"] == 7
     assert main(["summary", str(kept), "--minutes", "30"]) == 0  # a 30-minute run: none
     assert json.loads(capsys.readouterr().out)["of"] == 0
+
+
+def test_summary_reads_the_runs_by_pace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--min-tenant-turns` keeps the runs whose tenant scope judged that many turns: a slow
+    machine's run (fewer turns, fewer versions) is left out, and each run says its turns."""
+    for name, turns, brief in (("fast", 560, (0.6, 0.1)), ("slow", 220, (0.1, 0.0))):
+        report = _report(brief, (0.5, 0.1), True, tenant_turns=turns)
+        (tmp_path / f"demo-x-tenants-{name}.json").write_text(json.dumps({"report": report}))
+    files = sorted(str(p) for p in tmp_path.iterdir())
+    assert main(["summary", *files]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert (every["met"], every["of"]) == (1, 2)
+    turns = {r["file"]: r["judged_turns"] for r in every["runs"]}
+    assert turns["demo-x-tenants-slow.json"] == {"tenant": 220, "shared": 350}
+    assert main(["summary", *files, "--min-tenant-turns", "500"]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    assert (fast["met"], fast["of"]) == (1, 1)
+    assert [r["file"] for r in fast["runs"]] == ["demo-x-tenants-fast.json"]
+    assert fast["over_runs"]["brief"]["gain_difference"]["mean"] == pytest.approx(0.5)
