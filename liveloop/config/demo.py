@@ -37,6 +37,15 @@ class DemoConfig(Section):
         "learning rather than to turns that are never trained on (the collector then packs "
         "up to this many turns a batch). 0: users talk as fast as they are answered.",
     )
+    retries_after_complaint: int = Field(
+        0,
+        ge=0,
+        description="Times a simulated user (live or held-out) asks a question again after a "
+        "reply it rated below 0, sending its complaint and the same question in one message, "
+        "before it moves on to a new one. 0: every reaction comes with a new question, and "
+        "a complaint that names the topic it is about ('I asked about rivers') then arrives "
+        "with a question on another topic.",
+    )
     window_turns: int = Field(64, ge=4, description="Turns in the first/last window of the report.")
     objectives: list[BuiltinObjective] = Field(
         default_factory=lambda: list[BuiltinObjective](["rl"]),

@@ -78,16 +78,23 @@ def held_out_reward(stats: UserStats) -> dict[str, Any]:
         "mean_reward": sum(scores) / len(scores) if scores else None,
         **reply_quality((t.question, t.reply) for t in turns),
         "replies": [
-            {"user": t.user, "question": t.question, "reply": t.reply, "reaction": t.reaction}
+            {
+                "user": t.user,
+                "question": t.question,
+                "reply": t.reply,
+                "reaction": t.reaction,
+                "rating": t.rating,
+            }
             for t in turns
         ],
     }
 
 
 def evaluate(
-    base_url: str, model: str, seed: int, weather_share: float | None = None
+    base_url: str, model: str, seed: int, weather_share: float | None = None, retries: int = 0
 ) -> dict[str, Any]:
-    """Held-out simulated users (a different seed) against whatever the server serves now."""
+    """Held-out simulated users (a different seed) against whatever the server serves now
+    (`retries`: as `demo.retries_after_complaint`)."""
     defaults = model_defaults(model)
     people = make_population(
         EVAL_USERS,
@@ -96,7 +103,7 @@ def evaluate(
         strict=defaults.has_language,
         weather_share=weather_share,
     )
-    return evaluate_people(base_url, model, people, seed)
+    return evaluate_people(base_url, model, people, seed, retries=retries)
 
 
 def evaluate_people(
@@ -106,6 +113,7 @@ def evaluate_people(
     seed: int,
     api_key: str = "none",
     turns_per_user: int = EVAL_TURNS_PER_USER,
+    retries: int = 0,
 ) -> dict[str, Any]:
     """These held-out users (seeded apart from the demo's), with this API key, against what
     the server serves that key now; nothing they say is recorded. Their requests' sampling
@@ -119,6 +127,7 @@ def evaluate_people(
         record=False,
         api_key=api_key,
         sample_seed=seed + 10_000,
+        retries=retries,
     )
     stats = asyncio.run(
         run_population(
@@ -160,7 +169,11 @@ def compare_versions(
     for label, version, path in candidates:
         load_version(supervisor.base_url, admin_key, path, version)
         result[label] = evaluate(
-            supervisor.base_url, settings.model, settings.demo.seed, settings.demo.weather_share
+            supervisor.base_url,
+            settings.model,
+            settings.demo.seed,
+            settings.demo.weather_share,
+            settings.demo.retries_after_complaint,
         )
         probes = settings.demo.tool_probes if settings.demo.weather_share != 0 else 0
         if probes:
@@ -202,7 +215,11 @@ def run_eval(settings: LiveLoopSettings, *, version: int | None) -> None:
         if chosen:
             load_version(supervisor.base_url, admin_key, path, chosen)
         result = evaluate(
-            supervisor.base_url, settings.model, settings.demo.seed, settings.demo.weather_share
+            supervisor.base_url,
+            settings.model,
+            settings.demo.seed,
+            settings.demo.weather_share,
+            settings.demo.retries_after_complaint,
         )
     finally:
         supervisor.stop()

@@ -189,7 +189,10 @@ def _run_loops(
         wait_ready(supervisor.base_url, supervisor)
         started, started_at = time.monotonic(), time.time()
         run = UserRun(
-            base_url=supervisor.base_url, model=settings.model, max_tokens=defaults.reply_tokens
+            base_url=supervisor.base_url,
+            model=settings.model,
+            max_tokens=defaults.reply_tokens,
+            retries=settings.demo.retries_after_complaint,
         )
         people = make_population(
             settings.demo.users,

@@ -114,7 +114,13 @@ def run_scope(
         wait_ready(supervisor.base_url, supervisor)
         groups = [
             (
-                UserRun(supervisor.base_url, settings.model, t.api_key, max_tokens=reply_tokens),
+                UserRun(
+                    supervisor.base_url,
+                    settings.model,
+                    t.api_key,
+                    max_tokens=reply_tokens,
+                    retries=demo.retries_after_complaint,
+                ),
                 t.people,
             )
             for t in tenants
@@ -169,7 +175,8 @@ def _held_out(base_url: str, settings: LiveLoopSettings, tenant: Tenant) -> dict
     brief = settings.demo.brief_words
     people = [house_style(tenant.index, strict, brief) for _ in range(HELD_OUT_USERS)]
     return evaluate_people(base_url, settings.model, people, settings.demo.seed + tenant.index,
-                           api_key=tenant.api_key, turns_per_user=HELD_OUT_TURNS)  # fmt: skip
+                           api_key=tenant.api_key, turns_per_user=HELD_OUT_TURNS,
+                           retries=settings.demo.retries_after_complaint)  # fmt: skip
 
 
 def _served_now(base_url: str, settings: LiveLoopSettings, tenant: Tenant) -> dict[str, Any]:

@@ -113,6 +113,10 @@ class UserRun:
     # policy gives the same replies again, bar a near-tie token now and then that a batch of
     # another size computes a last bit apart; None: unseeded.
     sample_seed: int | None = None
+    # Times a user asks a question again after a reply it rated below 0 (its complaint and
+    # the same question in one message) before it moves on; 0: each reaction comes with a
+    # new question, so a complaint naming one topic arrives with a question on another.
+    retries: int = 0
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -173,6 +177,7 @@ class SimulatedUser:
         tool_result: str | None = None
         unanswered: TurnLog | None = None  # the last reply, while the user has not replied
         first_reply = True  # the next reply is the first to `question`
+        retried = 0  # times `question` was asked again
         for _turn in range(self.run.turns_per_session):
             if time.monotonic() > deadline:
                 break
@@ -198,7 +203,11 @@ class SimulatedUser:
                 continue
             self._log(stats, question, message.content or "", completion, version, tool_result)
             unanswered = stats.turns[-1]
-            question, tool_result, first_reply = self.preference.ask(self.rng), None, True
+            if unanswered.rating < 0 and retried < self.run.retries:
+                retried += 1  # the complaint, then the same question again
+            else:
+                question, retried = self.preference.ask(self.rng), 0
+            tool_result, first_reply = None, True
             messages.append({"role": "user", "content": f"{unanswered.reaction} {question.text}"})
         if unanswered is not None and self.run.record:
             await self._leave_feedback(session, unanswered)
