@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from collections import Counter
@@ -36,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.learning_summary import spread  # noqa: E402
+from bench.model_sampling import sample_completions  # noqa: E402
 from liveloop.config.defaults import model_defaults  # noqa: E402
 from liveloop.demo.preferences import (  # noqa: E402
     COMPLAINTS,
@@ -89,7 +90,7 @@ def _question(rng: random.Random, topic: Topic) -> Question:
     return Question(rng.choice(QUESTION_FORMS).format(t=topic.name), topic=topic)
 
 
-def read_reply(pair: Pair, reply: str, brief_words: int, seed: int) -> dict[str, Any]:
+def rate_reply(pair: Pair, reply: str, brief_words: int, seed: int) -> dict[str, Any]:
     """How the demo's brief and explained users rate `reply` to `pair.then`, and whether
     it opens by naming the topic asked or the one before."""
     assert pair.first.topic is not None and pair.then.topic is not None
@@ -118,13 +119,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "opens_previous": _share(r["opens_previous"] for r in mine),
         }
         for style in ("brief", "explained"):
-            ratings = [r[style]["rating"] for r in mine]
+            ratings = spread([r[style]["rating"] for r in mine])
             reasons = Counter(r[style]["reason"] for r in mine)
             figures[style] = {
-                "mean_rating": round(statistics.fmean(ratings), 3),
-                "rating_se": round(statistics.stdev(ratings) / len(ratings) ** 0.5, 3)
-                if len(ratings) > 1
-                else None,
+                "mean_rating": round(ratings["mean"], 3),
+                "rating_se": round(ratings["mean_se"], 3) if ratings["n"] > 1 else None,
                 "reasons": {k: round(v / len(mine), 3) for k, v in reasons.most_common()},
             }
         out[arm] = figures
@@ -147,49 +146,20 @@ def generate(lm: Any, pairs: list[Pair], args: argparse.Namespace) -> list[dict[
     rows: list[dict[str, Any]] = []
     for p, pair in enumerate(pairs):
         history = [{"role": "user", "content": pair.first.text}]
-        first = _sample(lm, template.render_ids(history, None), 1, max_tokens, None)[0]
+        ids = template.render_ids(history, None)
+        first = sample_completions(lm, ids, 1, max_tokens, None)[0].text
         history.append({"role": "assistant", "content": first})
         for a, arm in enumerate(ARMS):
             messages = [*history, {"role": "user", "content": pair.message(arm)}]
             torch.manual_seed(args.seed + p)  # the same draws in every arm
             ids = template.render_ids(messages, None)
-            for s, reply in enumerate(_sample(lm, ids, args.per_prompt, max_tokens, 1.0)):
-                read = read_reply(pair, reply, args.brief_words, args.seed + 1000 * p + 10 * s + a)
+            replies = sample_completions(lm, ids, args.per_prompt, max_tokens, 1.0)
+            for s, reply in enumerate(r.text for r in replies):
+                read = rate_reply(pair, reply, args.brief_words, args.seed + 1000 * p + 10 * s + a)
                 rows.append({"pair": p, "arm": arm, "message": messages[-1]["content"],
                              "reply": reply, **read})  # fmt: skip
         print(f"pair {p}: {pair.first.text!r} -> {pair.then.text!r}", file=sys.stderr, flush=True)
     return rows
-
-
-def _sample(lm: Any, ids: list[int], n: int, max_tokens: int, temperature: float | None
-            ) -> list[str]:  # fmt: skip
-    """`n` completions of `ids` (greedy when `temperature` is None), decoded up to the end."""
-    import torch
-
-    tok = lm.tokenizer
-    eos = lm.model.generation_config.eos_token_id
-    stops = {tok.eos_token_id, *(eos if isinstance(eos, list) else [eos])}
-    sampling: dict[str, Any] = (
-        {"do_sample": False}
-        if temperature is None
-        else {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
-    )
-    with torch.no_grad():
-        out = lm.model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=max_tokens,
-            num_return_sequences=n,
-            pad_token_id=tok.pad_token_id,
-            **sampling,
-        )
-    texts = []
-    for seq in out:
-        completion = seq[len(ids) :].tolist()
-        ends = [i for i, t in enumerate(completion) if t in stops]
-        texts.append(tok.decode(completion[: ends[0]] if ends else completion,
-                                skip_special_tokens=True))  # fmt: skip
-    return texts
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.model_sampling import sample_completions  # noqa: E402
 from liveloop.models import load_model  # noqa: E402
 from liveloop.server.tools import parse_tool_calls  # noqa: E402
 from liveloop.server.tools.call_json import closed_json  # noqa: E402
@@ -180,42 +181,25 @@ def _detail(text: str, value: Any, offered: set[str]) -> dict[str, Any]:
 def generate(lm: Any, template: ChatTemplate, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
-    tok = lm.tokenizer
-    eos = lm.model.generation_config.eos_token_id
-    stops = {tok.eos_token_id, *(eos if isinstance(eos, list) else [eos])}
     rows: list[dict[str, Any]] = []
     for p, (question, kind, tools) in enumerate(PROMPTS):
         ids = template.render_ids([{"role": "user", "content": question}], tools)
         torch.manual_seed(args.seed + p)
         start = time.perf_counter()
-        with torch.no_grad():
-            out = lm.model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                do_sample=True,
-                temperature=args.temperature,
-                top_p=1.0,
-                top_k=0,
-                max_new_tokens=args.max_tokens,
-                num_return_sequences=args.per_prompt,
-                pad_token_id=tok.pad_token_id,
-            )
+        completions = sample_completions(
+            lm, ids, args.per_prompt, args.max_tokens, args.temperature
+        )
         seconds = time.perf_counter() - start
-        for seq in out:
-            completion = seq[len(ids) :].tolist()
-            ends = [i for i, t in enumerate(completion) if t in stops]
-            ended = bool(ends)
-            completion = completion[: ends[0]] if ends else completion
-            text = tok.decode(completion, skip_special_tokens=True)
+        for completion in completions:
             rows.append(
                 {
                     "prompt": p,
                     "kind": kind,
                     "question": question,
                     "tools": [t["function"]["name"] for t in tools],
-                    "text": text,
-                    "tokens": len(completion),
-                    "truncated": not ended,
+                    "text": completion.text,
+                    "tokens": completion.tokens,
+                    "truncated": not completion.ended,
                 }
             )
         print(f"prompt {p}: {seconds:.1f} s", file=sys.stderr, flush=True)

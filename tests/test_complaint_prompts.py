@@ -3,7 +3,7 @@ only in the topic the complaint names, and replies are read as the demo's users 
 
 from __future__ import annotations
 
-from bench.complaint_prompts import ARMS, NAMING, make_pairs, read_reply, summarize
+from bench.complaint_prompts import ARMS, NAMING, make_pairs, rate_reply, summarize
 from liveloop.demo.preferences import TOPICS, Question
 
 CHESS = next(t for t in TOPICS if t.name == "chess")
@@ -38,16 +38,16 @@ def test_replies_are_read_by_the_topic_they_open_with_and_by_both_styles() -> No
         "Chess is a board game for two players. Each player moves pieces on a board of squares. "
         "A game of chess ends when a king cannot escape."
     )
-    read = read_reply(pair, on_question, brief_words=20, seed=1)
+    read = rate_reply(pair, on_question, brief_words=20, seed=1)
     assert read["opens_asked"] and not read["opens_previous"]
     assert read["explained"] == {"rating": 1.0, "reason": "pleased"}
     assert read["brief"] == {"rating": -1.0, "reason": "too_long"}
     earlier = "Rivers carry water from the hills down to the sea and shape the land they cross."
-    read = read_reply(pair, earlier, brief_words=20, seed=1)
+    read = rate_reply(pair, earlier, brief_words=20, seed=1)
     assert read["opens_previous"] and not read["opens_asked"]
     assert read["explained"]["rating"] == -1.0 and read["brief"]["rating"] == -1.0
     short = "Chess is a board game of kings, queens and careful plans."
-    assert read_reply(pair, short, brief_words=20, seed=1)["brief"]["rating"] == 1.0
+    assert rate_reply(pair, short, brief_words=20, seed=1)["brief"]["rating"] == 1.0
 
 
 def test_summary_gives_each_arm_its_ratings_and_opening_shares() -> None:
