@@ -19,9 +19,11 @@ def test_every_preset_is_a_settings_file_up_can_read() -> None:
     tenants = load_settings(presets.preset_path("tenants"))
     assert tenants.demo.tenants == 3 and tenants.demo.scopes == ["tenant", "shared"]
     assert tenants.trainer.lora.enabled and tenants.trainer.gate.probe_source == "served"
+    assert tenants.demo.retries_after_complaint == 2  # the one-tenant presets keep 0
     smollm2 = load_settings(presets.preset_path("smollm2-135m"))
     assert smollm2.trainer.lora.enabled and smollm2.trainer.lora.rank == 16
     assert smollm2.demo.turns_per_update == 24 and smollm2.demo.objectives == ["rl"]
+    assert smollm2.demo.retries_after_complaint == 0
     qwen = load_settings(presets.preset_path("qwen2.5-coder-0.5b"))
     assert qwen.trainer.lora.enabled and qwen.demo.sense_model is None  # the judge: opt-in
 
