@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from liveloop import bus
-from liveloop.config import load_settings
+from liveloop.config import ConfigError, load_settings, presets
 from liveloop.config.demo import DemoConfig
 from liveloop.contracts import BatchSample, TrainingBatch
 from liveloop.demo.preferences import TOPICS, Question
@@ -67,6 +67,24 @@ def test_tenants_get_their_own_keys_and_share_out_the_users() -> None:
     assert all(p.name == t.people[0].name for t in tenants for p in t.people)
     weather = tenants[2].people[0].ask(random.Random(1))
     assert weather.wants_tool
+
+
+def test_users_per_style_sizes_each_tenant_by_its_style() -> None:
+    """With demo.users_per_style (the preset: 4 brief, 4 explained, 1 weather), a tenant gets
+    its style's count and more tenants than styles repeat the counts with the styles."""
+    counts = {"brief": 4, "explained": 2, "weather_tool": 1}
+    tenants = make_tenants(4, 9, brief_words=BRIEF_WORDS, users_per_style=counts)
+    assert [len(t.people) for t in tenants] == [4, 2, 1, 4]
+    assert all(p.name == t.style for t in tenants for p in t.people)
+    preset = load_settings(presets.preset_path("tenants")).demo.users_per_style
+    assert preset == {"brief": 4, "explained": 4, "weather_tool": 1}
+    with pytest.raises(ConfigError, match=r"users_per_style.*missing: weather_tool"):
+        load_settings(model="tiny-random", demo={"users_per_style": {"brief": 2, "explained": 2}})
+    with pytest.raises(ConfigError, match=r"users_per_style.*at least one user"):
+        load_settings(
+            model="tiny-random",
+            demo={"users_per_style": {"brief": 2, "explained": 0, "weather_tool": 1}},
+        )
 
 
 def _turn(key: str, tenant: str, adapter: str | None) -> JudgedTurn:
@@ -156,7 +174,9 @@ def test_the_matrix_compares_each_tenants_gain_across_scopes(tmp_path: Path) -> 
     )
     assert "Held-out users' gain differences" in markdown
     assert "lost: topic_rate" in markdown
-    assert json.loads(paths["json"].read_text())["matrix"][0]["style"] == "brief"
+    assert "3 tenants, 3 users (1 brief, 1 explained, 1 weather_tool)" in markdown
+    written = json.loads(paths["json"].read_text())
+    assert written["matrix"][0]["style"] == "brief" and written["users"] == 3
 
 
 @pytest.mark.slow

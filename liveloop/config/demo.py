@@ -1,11 +1,13 @@
 """Settings of `liveloop demo` and `liveloop eval`."""
 
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from liveloop.config.base import Section
 from liveloop.config.objective import BuiltinObjective
+
+TenantStyle = Literal["brief", "explained", "weather_tool"]
 
 
 class DemoConfig(Section):
@@ -61,6 +63,12 @@ class DemoConfig(Section):
         "style (brief, explained, weather tool, then again in turn): the personal-agents demo, "
         "run once per scope in `scopes` and reported as a matrix. 0: one population, no keys.",
     )
+    users_per_style: dict[TenantStyle, int] = Field(
+        default_factory=dict,
+        description="With tenants: how many simulated users each tenant of a house style has "
+        "(all three styles named, at least one user each); `users` is then not used. Empty: "
+        "`users` shared out among the tenants in turn.",
+    )
     scopes: list[Literal["tenant", "shared"]] = Field(
         default_factory=lambda: list[Literal["tenant", "shared"]](["tenant", "shared"]),
         min_length=1,
@@ -93,3 +101,16 @@ class DemoConfig(Section):
         description="The report counts judged turns until the moving reward (over window_turns) "
         "first reaches this.",
     )
+
+    @field_validator("users_per_style")
+    @classmethod
+    def _every_style_has_users(cls, value: dict[TenantStyle, int]) -> dict[TenantStyle, int]:
+        """Tenants take the styles in turn, so a count must cover each style, and be >= 1."""
+        if not value:
+            return value
+        missing = sorted(set(get_args(TenantStyle)) - set(value))
+        if missing:
+            raise ValueError(f"name every house style; missing: {', '.join(missing)}")
+        if min(value.values()) < 1:
+            raise ValueError("every tenant needs at least one user")
+        return value

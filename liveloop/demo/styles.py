@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from liveloop.demo.preferences import (
@@ -80,14 +81,28 @@ class Tenant:
         return f"tenant {self.index + 1} ({self.style})"
 
 
-def make_tenants(count: int, users: int, *, brief_words: int, strict: bool = True) -> list[Tenant]:
-    """`count` tenants with fresh API keys and `users` simulated users shared out in turn
-    (at least one each), every user of a tenant holding its house style (the users' seed
-    decides what they ask)."""
+def make_tenants(
+    count: int,
+    users: int,
+    *,
+    brief_words: int,
+    strict: bool = True,
+    users_per_style: Mapping[str, int] | None = None,
+) -> list[Tenant]:
+    """`count` tenants with fresh API keys, every user of a tenant holding its house style
+    (the users' seed decides what they ask). With `users_per_style`, each tenant has that
+    many users for its style; without, `users` are shared out in turn (at least one each)."""
     tenants = [
         Tenant(i, house_style(i, strict, brief_words).name, "demo-" + secrets.token_urlsafe(12))
         for i in range(count)
     ]
+    if users_per_style:
+        for tenant in tenants:
+            tenant.people = [
+                house_style(tenant.index, strict, brief_words)
+                for _ in range(users_per_style[tenant.style])
+            ]
+        return tenants
     for u in range(max(users, count)):
         tenant = tenants[u % count]
         tenant.people.append(house_style(tenant.index, strict, brief_words))

@@ -103,6 +103,10 @@ def headline(rows: list[dict[str, Any]], runs: list[ScopeRun]) -> dict[str, Any]
     }
 
 
+def _users_per_tenant(tenants: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{t['users']} {t['style']}" for t in tenants)
+
+
 def write_tenant_report(
     out_dir: Path, settings: LiveLoopSettings, tenants: list[Tenant], runs: list[ScopeRun]
 ) -> dict[str, Path]:
@@ -112,7 +116,7 @@ def write_tenant_report(
     report = {
         "model": settings.model,
         "minutes": settings.demo.minutes,
-        "users": settings.demo.users,
+        "users": sum(len(t.people) for t in tenants),
         "tenants": [{"label": t.label, "style": t.style, "users": len(t.people)} for t in tenants],
         "scopes": {
             run.scope: {
@@ -138,8 +142,9 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         "# LiveLoop tenants demo report",
         "",
-        f"{report['model']}, {len(report['tenants'])} tenants, {report['users']} users, "
-        f"{report['minutes']:g} minutes in each scope ({', '.join(scopes)}).",
+        f"{report['model']}, {len(report['tenants'])} tenants, {report['users']} users "
+        f"({_users_per_tenant(report['tenants'])}), {report['minutes']:g} minutes in each "
+        f"scope ({', '.join(scopes)}).",
         "",
         "## Judged reward per tenant, first -> last window",
         "",

@@ -65,7 +65,11 @@ def run_tenant_demo(
     defaults = model_defaults(settings.model)
     demo = settings.demo
     tenants = make_tenants(
-        demo.tenants, demo.users, strict=defaults.has_language, brief_words=demo.brief_words
+        demo.tenants,
+        demo.users,
+        strict=defaults.has_language,
+        brief_words=demo.brief_words,
+        users_per_style={style: n for style, n in demo.users_per_style.items()},
     )
     out_dir = settings.data_dir / "demo"
     bases: dict[str, dict[str, Any]] = {}  # each tenant's held-out figures of the base model
