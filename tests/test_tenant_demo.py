@@ -70,14 +70,14 @@ def test_tenants_get_their_own_keys_and_share_out_the_users() -> None:
 
 
 def test_users_per_style_sizes_each_tenant_by_its_style() -> None:
-    """With demo.users_per_style (the preset: 4 brief, 4 explained, 1 weather), a tenant gets
-    its style's count and more tenants than styles repeat the counts with the styles."""
+    """With demo.users_per_style a tenant gets its style's count, and more tenants than
+    styles repeat the counts with the styles; the preset shares nine users out in turn."""
     counts = {"brief": 4, "explained": 2, "weather_tool": 1}
     tenants = make_tenants(4, 9, brief_words=BRIEF_WORDS, users_per_style=counts)
     assert [len(t.people) for t in tenants] == [4, 2, 1, 4]
     assert all(p.name == t.style for t in tenants for p in t.people)
-    preset = load_settings(presets.preset_path("tenants")).demo.users_per_style
-    assert preset == {"brief": 4, "explained": 4, "weather_tool": 1}
+    preset = load_settings(presets.preset_path("tenants")).demo
+    assert preset.users == 9 and preset.users_per_style == {}
     with pytest.raises(ConfigError, match=r"users_per_style.*missing: weather_tool"):
         load_settings(model="tiny-random", demo={"users_per_style": {"brief": 2, "explained": 2}})
     with pytest.raises(ConfigError, match=r"users_per_style.*at least one user"):
