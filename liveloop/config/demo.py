@@ -6,6 +6,7 @@ from pydantic import Field, field_validator
 
 from liveloop.config.base import Section
 from liveloop.config.objective import BuiltinObjective
+from liveloop.seeds import derived_seed
 
 TenantStyle = Literal["brief", "explained", "weather_tool"]
 
@@ -47,6 +48,14 @@ class DemoConfig(Section):
         "before it moves on to a new one. 0: every reaction comes with a new question, and "
         "a complaint that names the topic it is about ('I asked about rivers') then arrives "
         "with a question on another topic.",
+    )
+    paired_draws: bool = Field(
+        True,
+        description="Seed the sampling of every live request from the demo's seed, the "
+        "tenant, the user and the request's number, so that runs compared side by side "
+        "(scopes, objectives) make the same random draws: while their policies are alike "
+        "they serve the same replies, and what differs between their curves is mostly what "
+        "they learned. Every request still has a seed of its own. False: unseeded sampling.",
     )
     window_turns: int = Field(64, ge=4, description="Turns in the first/last window of the report.")
     objectives: list[BuiltinObjective] = Field(
@@ -114,3 +123,8 @@ class DemoConfig(Section):
         if min(value.values()) < 1:
             raise ValueError("every tenant needs at least one user")
         return value
+
+    def live_sample_seed(self, *names: object) -> int | None:
+        """The sampling seed of one live population (`names` tell populations of a run apart,
+        e.g. the tenant), the same in every run compared; None unless `paired_draws`."""
+        return derived_seed("live", self.seed, *names) if self.paired_draws else None

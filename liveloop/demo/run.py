@@ -193,6 +193,7 @@ def _run_loops(
             model=settings.model,
             max_tokens=defaults.reply_tokens,
             retries=settings.demo.retries_after_complaint,
+            sample_seed=settings.demo.live_sample_seed(),
         )
         people = make_population(
             settings.demo.users,

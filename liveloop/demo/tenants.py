@@ -124,6 +124,7 @@ def run_scope(
                     t.api_key,
                     max_tokens=reply_tokens,
                     retries=demo.retries_after_complaint,
+                    sample_seed=demo.live_sample_seed(t.index),
                 ),
                 t.people,
             )
