@@ -53,9 +53,9 @@ class DemoConfig(Section):
         True,
         description="Seed the sampling of every live request from the demo's seed, the "
         "tenant, the user and the request's number, so that runs compared side by side "
-        "(scopes, objectives) make the same random draws: while their policies are alike "
-        "they serve the same replies, and what differs between their curves is mostly what "
-        "they learned. Every request still has a seed of its own. False: unseeded sampling.",
+        "(scopes, objectives) make the same random draws and serve the same replies until "
+        "their first updates part them. Every request still has a seed of its own. False: "
+        "unseeded sampling.",
     )
     window_turns: int = Field(64, ge=4, description="Turns in the first/last window of the report.")
     objectives: list[BuiltinObjective] = Field(
