@@ -5,9 +5,11 @@ The simulated users must not be gameable. Counting words by whitespace made a ru
 say "that makes no sense". `read_reply` looks at a reply the way a reader does: which of
 its pieces are words of English (an English word list, with regular inflections), how
 many are words a reader would not know (rare or invented: "coterodyne", "shezha"), how
-much of it is symbols, markup or the same fragment repeated, and whether it mentions what
-was asked about. The same reading gives the demo report and the promotion gate their
-quality measures.
+much of it is symbols, markup or the same fragment repeated, and whether it is about what
+was asked: it names the topic, and no other topic a reader knows the conversation could be
+about leads it ("Bees aren't volcanoes, but they're closely related" does not answer a
+question about volcanoes). The same reading gives the demo report and the promotion gate
+their quality measures.
 
 The rare-word test is what catches word salad. A big word list holds obscure forms
 ("aland", "sanit") that a policy drifting into nonsense produces, so being in the list is
@@ -183,7 +185,7 @@ class ReplyReading:
     symbol_share: float
     markup_share: float
     repetition: float
-    on_topic: bool | None  # None when no topic was given
+    on_topic: bool | None  # names the topic, no rival leads it; None when no topic was given
     thin: bool = False  # on topic but says nothing about it ("Bread.  30 words.")
     foreign_letters: int = 0  # letters of another script than the Latin one ("21摄氏度")
 
@@ -236,6 +238,26 @@ class ReplyReading:
 def mentions(words: list[str], forms: frozenset[str]) -> bool:
     """True when any word (case-insensitive) is one of `forms`."""
     return any(w.lower() in forms for w in words)
+
+
+def _count_and_first(words: list[str], forms: frozenset[str]) -> tuple[int, int]:
+    """How many of `words` are one of `forms`, and the position of the first (len if none)."""
+    hits = [i for i, w in enumerate(words) if w.lower() in forms]
+    return len(hits), hits[0] if hits else len(words)
+
+
+def led_by_rival(
+    words: list[str], topic_forms: frozenset[str], rivals: Iterable[frozenset[str]]
+) -> bool:
+    """True when another topic leads the reply: one of `rivals` is named more often than the
+    topic asked about, or as often and before it. Forms the two topics share ("brew" for tea
+    and coffee) count for the topic asked."""
+    count, first = _count_and_first(words, topic_forms)
+    for rival in rivals:
+        other, other_first = _count_and_first(words, rival - topic_forms)
+        if other and (other > count or (other == count and other_first < first)):
+            return True
+    return False
 
 
 def content_words(words: list[str]) -> set[str]:
@@ -300,15 +322,20 @@ def read_reply(
     topic_forms: frozenset[str] | None = None,
     lexicon: Lexicon | None = None,
     min_content: int = MIN_CONTENT_WORDS,
+    rivals: Iterable[frozenset[str]] = (),
 ) -> ReplyReading:
     """Read one reply; `topic_forms` are the words that show it is about what was asked, and
-    an answer about a topic needs `min_content` content words (0: any answer will do)."""
+    an answer about a topic needs `min_content` content words (0: any answer will do).
+    `rivals` are the forms of other topics the reader knows of: a reply that one of them
+    leads (`led_by_rival`) is off topic even though it names the topic asked."""
     lexicon = lexicon or Lexicon.english()
     words = letter_words(text)
     english = sum(1 for w in words if lexicon.is_word(w))
     known = topic_forms or frozenset()
     rare = sum(1 for w in words if w.lower() not in known and lexicon.is_rare(w))
-    on_topic = None if topic_forms is None else mentions(words, topic_forms)
+    on_topic = None
+    if topic_forms is not None:
+        on_topic = mentions(words, topic_forms) and not led_by_rival(words, topic_forms, rivals)
     return ReplyReading(
         words=len(words),
         english_share=english / len(words) if words else 0.0,

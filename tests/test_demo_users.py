@@ -8,8 +8,8 @@ import pytest
 
 from liveloop.cli import build_parser, settings_from_args
 from liveloop.config import ConfigError
+from liveloop.demo import measures, styles
 from liveloop.demo import preferences as prefs
-from liveloop.demo import styles
 from liveloop.demo.preferences import (
     TOPICS,
     OneSentence,
@@ -80,6 +80,50 @@ def test_an_answer_that_names_the_topic_but_says_nothing_is_not_thanked(
         reaction = person.react(question, reply, random.Random(2))
         assert (reaction.rating, reaction.reason) == (-1.0, "thin"), (person, reaction)
         assert not read_reply(reply, question.topic.forms if question.topic else None).no_answer
+
+
+def _ask(name: str) -> Question:
+    return Question(f"Tell me about {name}.", topic=next(t for t in TOPICS if t.name == name))
+
+
+@pytest.mark.parametrize(
+    ("topic", "reply"),
+    [
+        # replies a drifting smollm2 served, +1 before: another topic first, as often or more
+        ("volcanoes", "Bees aren't volcanoes, but they're closely related."),
+        ("maps", "The ocean offers numerous reasons why people love maps."),
+        ("bees", "Bees visit the river, and rivers and streams are full of fish."),
+    ],
+)
+def test_a_reply_that_another_topic_leads_is_off_topic(topic: str, reply: str) -> None:
+    question = _ask(topic)
+    for person in (WordLimit(30), Opening(30), styles.Explained()):
+        reaction = person.react(question, reply, random.Random(3))
+        assert (reaction.rating, reaction.reason) == (-1.0, "off_topic"), (person, reaction)
+    assert measures.reply_quality([(question.text, reply)])["topic_rate"] == 0.0
+    # The gate reads replies without the demo's list of topics: it still sees the topic named.
+    assert read_reply(reply, question.topic.forms if question.topic else None).on_topic
+
+
+@pytest.mark.parametrize(
+    ("topic", "reply"),
+    [
+        ("rivers", "Rivers carry rain water down to the sea."),  # the topic leads, others follow
+        # forms the two topics share ("brewed") count for the topic asked
+        ("tea", "Tea is brewed from leaves, much as coffee beans are brewed."),
+    ],
+)
+def test_a_reply_that_mentions_another_topic_in_passing_stays_on_topic(
+    topic: str, reply: str
+) -> None:
+    reaction = WordLimit(30).react(_ask(topic), reply, random.Random(4))
+    assert (reaction.rating, reaction.reason) == (1.0, "pleased")
+
+
+def test_only_the_listed_topics_are_rivals() -> None:
+    assert len(prefs.rivals_of(BEES)) == len(TOPICS) - 1 and BEES.forms not in prefs.rivals_of(BEES)
+    weather = prefs.Topic("the weather", frozenset({"snow", "rain"}), 0)
+    assert prefs.rivals_of(weather) == () and prefs.rivals_of(None) == ()
 
 
 def test_short_answers_that_say_something_still_please() -> None:

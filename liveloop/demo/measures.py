@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from liveloop.demo.preferences import TOPICS, Topic
+from liveloop.demo.preferences import TOPICS, Topic, rivals_of
 from liveloop.reading import distinct_n, letter_words, read_reply
 from liveloop.written_calls import written_call
 
@@ -38,7 +38,7 @@ def reply_quality(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
     readings = []
     for question, reply in pairs:
         topic = topic_of(question)
-        readings.append(read_reply(reply, topic.forms if topic else None))
+        readings.append(read_reply(reply, topic.forms if topic else None, rivals=rivals_of(topic)))
     topical = [r.on_topic for r in readings if r.on_topic is not None]
     return {
         "topic_rate": _share(topical),

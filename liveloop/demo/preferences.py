@@ -5,9 +5,9 @@ Each user holds a hidden preference: a word limit, plus for some an opening they
 tool. The preference never reaches the model; it shows only in how the user reacts, in
 natural and varied words, the way people do. Before any preference, a reply must be an
 answer at all: real English words about what was asked, not symbols, markup or repeated
-fragments (`liveloop.reading`), and something said about it beyond naming it ("Bread.
-30 words." names the topic and echoes a word limit; it says nothing). Nonsense gets a
-complaint, never thanks.
+fragments (`liveloop.reading`), about the topic asked rather than another one the users
+ask about, and something said about it beyond naming it ("Bread. 30 words." names the topic
+and echoes a word limit; it says nothing). Nonsense gets a complaint, never thanks.
 """
 
 from __future__ import annotations
@@ -59,6 +59,16 @@ TOPICS = (
     _topic("clocks", "clock clocks timekeeping clockwork"),
     _topic("rivers", "river rivers stream streams riverbank"),
 )
+
+
+def rivals_of(topic: Topic | None) -> tuple[frozenset[str], ...]:
+    """The forms of the other topics users ask about, which must not lead an answer about
+    `topic` (none for a topic not in the list, such as a weather result's facts)."""
+    if topic not in TOPICS:
+        return ()
+    return tuple(other.forms for other in TOPICS if other != topic)
+
+
 QUESTION_FORMS = (
     "Tell me about {t}.", "What should I know about {t}?", "Explain {t} to me.",
     "Give me a fact about {t}.", "Why do people like {t}?", "Describe {t}.",
@@ -188,6 +198,7 @@ class WordLimit:
             reply,
             topic_asked.forms if topic_asked else None,
             min_content=topic_asked.min_content if topic_asked else 0,
+            rivals=rivals_of(topic_asked),
         )
         topic = topic_asked.name if topic_asked else "that"
         if self.strict and reading.problem is not None:
