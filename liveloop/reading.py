@@ -235,14 +235,21 @@ class ReplyReading:
         )
 
 
+def is_form(word: str, forms: frozenset[str]) -> bool:
+    """True when `word` (case-insensitive, a possessive ending aside) is one of `forms`:
+    "river's" and "rivers'" name rivers."""
+    w = word.lower().replace("’", "'")
+    return w in forms or (w.endswith("'s") and w[:-2] in forms) or w.rstrip("'") in forms
+
+
 def mentions(words: list[str], forms: frozenset[str]) -> bool:
-    """True when any word (case-insensitive) is one of `forms`."""
-    return any(w.lower() in forms for w in words)
+    """True when any word is one of `forms` (`is_form`)."""
+    return any(is_form(w, forms) for w in words)
 
 
 def _count_and_first(words: list[str], forms: frozenset[str]) -> tuple[int, int]:
     """How many of `words` are one of `forms`, and the position of the first (len if none)."""
-    hits = [i for i, w in enumerate(words) if w.lower() in forms]
+    hits = [i for i, w in enumerate(words) if is_form(w, forms)]
     return len(hits), hits[0] if hits else len(words)
 
 

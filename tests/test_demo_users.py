@@ -109,6 +109,8 @@ def test_a_reply_that_another_topic_leads_is_off_topic(topic: str, reply: str) -
     ("topic", "reply"),
     [
         ("rivers", "Rivers carry rain water down to the sea."),  # the topic leads, others follow
+        # a possessive names the topic too (before, "waves" led this one)
+        ("rivers", "A river's banks hold waves, and the river flows on to the plains."),
         # forms the two topics share ("brewed") count for the topic asked
         ("tea", "Tea is brewed from leaves, much as coffee beans are brewed."),
     ],
