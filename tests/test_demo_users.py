@@ -89,7 +89,8 @@ def _ask(name: str) -> Question:
 @pytest.mark.parametrize(
     ("topic", "reply"),
     [
-        # replies a drifting smollm2 served, +1 before: another topic first, as often or more
+        # another topic first, as often or more (the first, served by a drifting smollm2, was
+        # rated +1 before)
         ("volcanoes", "Bees aren't volcanoes, but they're closely related."),
         ("maps", "The ocean offers numerous reasons why people love maps."),
         ("bees", "Bees visit the river, and rivers and streams are full of fish."),
