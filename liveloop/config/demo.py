@@ -36,10 +36,9 @@ class DemoConfig(Section):
         0,
         ge=0,
         description="Pace the users by the trainer: before each request they wait while the "
-        "judged turns number this many per published version or more and a batch waits "
-        "unread for the trainer, so the cores go to learning rather than to turns that are "
-        "never trained on (the collector then packs up to this many turns a batch). 0: users "
-        "talk as fast as they are answered.",
+        "judged turns number this many per published version or more, so the cores go to "
+        "learning rather than to turns that are never trained on (the collector then packs "
+        "up to this many turns a batch). 0: users talk as fast as they are answered.",
     )
     retries_after_complaint: int = Field(
         0,

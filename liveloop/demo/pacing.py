@@ -19,12 +19,9 @@ class Pacer:
     before each request while the judged turns number `per_update` x (published versions
     + 1) or more, so every objective gets one update per `per_update` judged turns, however
     fast or slow its updates are (a wait ends after `max_wait_s` in any case). Users also go
-    on while no batch waits for the trainer: the next batch then fills while the trainer
-    works on the last one, instead of after it. A trainer that waited for its next batch
-    idled between versions, most of all in tenant scope, where a batch holds one tenant's
-    turns and a version's share of turns is spread over every tenant; and a batch it
-    dropped whole (every sample stale or flat, or fewer than `trainer.min_update_samples`
-    left) makes no version, so waiting for one then would wait for nothing.
+    on while the trainer has no batch to read or in hand: a batch it dropped whole (every
+    sample stale or flat, or fewer than `trainer.min_update_samples` left) makes no
+    version, and waiting for one then would wait for nothing.
     """
 
     def __init__(self, client: Any, per_update: int, max_wait_s: float = 600.0) -> None:
@@ -34,22 +31,21 @@ class Pacer:
         self.waits = 0  # waits that ran out (no version came)
 
     def allowed(self) -> bool:
-        """True while the judged turns are below the current version's share, or no batch
-        waits for the trainer."""
+        """True while the judged turns are below the current version's share, or the
+        trainer has no batch left to train."""
         judged = int(self.client.xlen(bus.stream_key(bus.SCORED)))
         versions = int(self.client.xlen(bus.stream_key(bus.WEIGHTS)))
-        return judged < self.per_update * (versions + 1) or self.no_batch_waiting()
+        return judged < self.per_update * (versions + 1) or self.trainer_idle()
 
-    def no_batch_waiting(self) -> bool:
-        """True when the trainer's group has read every batch written (it may still be
-        training on the last one)."""
+    def trainer_idle(self) -> bool:
+        """True when the trainer's group has read and acknowledged every batch written."""
         try:
             groups = self.client.xinfo_groups(bus.stream_key(bus.BATCHES))
         except redis.ResponseError:  # no batch written yet: the stream does not exist
             return False
         for group in groups:
             if group["name"] == bus.TRAINER_GROUP:
-                return int(group.get("lag") or 0) == 0
+                return int(group["pending"]) == 0 and int(group.get("lag") or 0) == 0
         return False  # the trainer has not started reading
 
     async def wait(self) -> None:
